@@ -1,0 +1,48 @@
+"""kvcore: a paged KV-cache block allocator with vLLM v1's semantics."""
+
+from kvcore.block import NULL_BLOCK_ID, KVBlock
+from kvcore.block_pool import BlockPool
+from kvcore.config import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    SlidingWindowSpec,
+)
+from kvcore.errors import (
+    InvalidArgument,
+    InvalidConfig,
+    KVCoreError,
+    OutOfBlocks,
+    RefCountUnderflow,
+    RequestTooLong,
+    UnknownBlock,
+)
+from kvcore.free_queue import FreeBlockQueue
+from kvcore.hashing import hash_block_tokens, hash_request_blocks
+from kvcore.kv_cache_manager import KVCacheManager, hit_block_ids
+from kvcore.request import Request
+
+__all__ = [
+    "NULL_BLOCK_ID",
+    "AttentionSpec",
+    "BlockPool",
+    "ChunkedLocalAttentionSpec",
+    "FreeBlockQueue",
+    "FullAttentionSpec",
+    "InvalidArgument",
+    "InvalidConfig",
+    "KVBlock",
+    "KVCacheConfig",
+    "KVCacheManager",
+    "KVCoreError",
+    "OutOfBlocks",
+    "RefCountUnderflow",
+    "Request",
+    "RequestTooLong",
+    "SlidingWindowSpec",
+    "UnknownBlock",
+    "hash_block_tokens",
+    "hash_request_blocks",
+    "hit_block_ids",
+]

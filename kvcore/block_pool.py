@@ -1,0 +1,220 @@
+"""The block pool: hands out blocks, takes them back, and keeps the prefix cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvcore.block import NULL_BLOCK_ID, KVBlock
+from kvcore.errors import InvalidArgument, OutOfBlocks, RefCountUnderflow, UnknownBlock
+from kvcore.free_queue import FreeBlockQueue
+from kvcore.hashing import BlockHash, BlockHashWithGroup
+from kvcore.prefix_map import PrefixCacheMap
+
+
+class BlockPool:
+    """All the blocks of one KV cache, the free queue and the prefix cache.
+
+    Block 0 is taken out at start as the null block.  Every other block is at
+    any moment either held (``ref_cnt > 0``) or in the free queue
+    (``ref_cnt == 0``), never both.
+
+    Eviction order, the contract of the free queue:
+
+    1. Allocation takes blocks from the head of the queue.
+    2. A freed block that has no hash, or any freed block while caching is
+       off, goes to the head: the most recently freed block is reused first
+       (LIFO), which keeps the working set of block ids small.
+    3. A freed block that is cached goes to the tail: cached blocks are
+       evicted least recently freed first (LRU), so a popular prefix survives.
+    4. Allocating a cached block evicts it: its hash leaves the map.
+    5. Touching a free cached block (a prefix hit) takes it out of the queue.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 2:
+            raise InvalidArgument("num_blocks", num_blocks, "must be an int >= 2 (block 0 is the null block)")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVBlock(block_id) for block_id in range(num_blocks)]
+        self.null_block = self.blocks[NULL_BLOCK_ID]
+        self.null_block.is_null = True
+        self.free_queue = FreeBlockQueue(self.blocks[1:])
+        self.cache = PrefixCacheMap()
+
+    # -- counts ---------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    @property
+    def usage(self) -> float:
+        """The fraction of usable blocks (the null block aside) that are held."""
+        return 1.0 - self.free_queue.num_free / (self.num_blocks - 1)
+
+    # -- allocation -----------------------------------------------------------
+
+    def get_new_blocks(self, n_blocks: int) -> list[KVBlock]:
+        """Take ``n_blocks`` blocks from the head of the free queue.
+
+        Cached blocks among them are evicted.  Each returned block has
+        ``ref_cnt == 1``.  Raises :class:`OutOfBlocks` (and takes nothing) when
+        fewer blocks are free.
+        """
+        if n_blocks < 0:
+            raise InvalidArgument("n_blocks", n_blocks, "must be >= 0")
+        if n_blocks > self.free_queue.num_free:
+            raise OutOfBlocks(requested=n_blocks, available=self.free_queue.num_free)
+        blocks = self.free_queue.popleft_n(n_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take one more reference on each block (a prefix hit).
+
+        A block with ``ref_cnt == 0`` leaves the free queue.  The null block is
+        skipped.
+        """
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                self.free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks_in_eviction_order: Iterable[KVBlock]) -> None:
+        """Drop one reference on each block; blocks left unreferenced become free.
+
+        The blocks come in eviction order: the first is the one to reuse or
+        evict first.  Blocks reaching ``ref_cnt == 0`` are placed by the
+        eviction-order contract of this class: unhashed ones (all of them
+        while caching is off) at the head, keeping their order; cached ones
+        at the tail, keeping their order.  The null block is skipped.
+
+        Raises :class:`RefCountUnderflow`, changing nothing, if a block would
+        drop below zero.
+        """
+        released_to_head: list[KVBlock] = []
+        released_to_tail: list[KVBlock] = []
+        dropped: list[KVBlock] = []
+        for block in blocks_in_eviction_order:
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                for done in dropped:
+                    done.ref_cnt += 1
+                raise RefCountUnderflow(block_id=block.block_id)
+            block.ref_cnt -= 1
+            dropped.append(block)
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not self.enable_caching:
+                    released_to_head.append(block)
+                else:
+                    released_to_tail.append(block)
+        self.free_queue.prepend_n(released_to_head)
+        self.free_queue.append_n(released_to_tail)
+
+    def free_table(self, table: Sequence[KVBlock]) -> None:
+        """Free a request's table (blocks in position order), tail block first.
+
+        The tail of a request is the part least likely to be shared, so it is
+        the first to be reused or evicted.
+        """
+        self.free_blocks(reversed(table))
+
+    # -- prefix cache ---------------------------------------------------------
+
+    def get_cached_block(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[KVBlock] | None:
+        """The block cached under ``block_hash`` for each group, or ``None`` if any group misses."""
+        found = []
+        for group_id in group_ids:
+            block = self.cache.get_one((block_hash, group_id))
+            if block is None:
+                return None
+            found.append(block)
+        return found
+
+    def cache_blocks(self, blocks: Sequence[KVBlock], hashes: Sequence[BlockHash], group_id: int) -> None:
+        """Enter full ``blocks`` in the prefix cache under ``hashes`` for ``group_id``.
+
+        Null blocks are skipped; a block already cached under its key is left
+        as it is, and one cached under another key moves to the new key.
+        """
+        for block, block_hash in zip(blocks, hashes, strict=True):
+            if block.is_null:
+                continue
+            key = (block_hash, group_id)
+            if block.block_hash == key:
+                continue
+            if block.block_hash is not None:
+                self._evict(block)
+            block.block_hash = key
+            self.cache.insert(key, block)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the cache entries of the given blocks.
+
+        Blocks still held stay allocated but can no longer be hit; free ones
+        stay in the queue where they are.  Raises :class:`UnknownBlock`,
+        changing nothing, if any id names no block.
+        """
+        ids = list(block_ids)
+        for block_id in ids:
+            if not isinstance(block_id, int) or isinstance(block_id, bool) or not 0 <= block_id < self.num_blocks:
+                raise UnknownBlock(block_id=block_id, num_blocks=self.num_blocks)
+        for block_id in ids:
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                self._evict(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache; refused (returns ``False``) while any block is held."""
+        if self.free_queue.num_free != self.num_blocks - 1:
+            return False
+        self.cache.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        return True
+
+    def _evict(self, block: KVBlock) -> None:
+        assert block.block_hash is not None
+        self.cache.pop(block.block_hash, block.block_id)
+        block.block_hash = None
+
+    # -- introspection --------------------------------------------------------
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next to allocate) first."""
+        return self.free_queue.block_ids()
+
+    def ref_counts(self) -> dict[int, int]:
+        """``ref_cnt`` of every block but the null block."""
+        return {block.block_id: block.ref_cnt for block in self.blocks[1:]}
+
+    def cache_entries(self) -> list[tuple[BlockHashWithGroup, int]]:
+        """Every prefix-cache entry as (key, block id)."""
+        return [(key, block.block_id) for key, block in self.cache.items()]
+
+    def check_invariants(self) -> None:
+        """Assert the pool's structural invariants (an expensive no-op when correct)."""
+        self.free_queue.check_invariants()
+        self.cache.check_invariants()
+        null = self.null_block
+        assert null.ref_cnt == 0, f"null block ref_cnt={null.ref_cnt}"
+        assert null.block_hash is None, "null block is cached"
+        assert null.prev_free is None and null.next_free is None, "null block is in the free queue"
+        in_queue = {block.block_id for block in self.free_queue}
+        entries = {(key, block.block_id) for key, block in self.cache.items()}
+        for block in self.blocks[1:]:
+            assert block.ref_cnt >= 0, f"block {block.block_id} ref_cnt={block.ref_cnt}"
+            queued = block.block_id in in_queue
+            assert queued == (block.ref_cnt == 0), (
+                f"block {block.block_id}: ref_cnt={block.ref_cnt} but in_free_queue={queued}"
+            )
+            if block.block_hash is not None:
+                assert (block.block_hash, block.block_id) in entries, (
+                    f"block {block.block_id} has a hash but is not entered under it"
+                )

@@ -1,0 +1,194 @@
+"""Coordinators: the groups of one KV cache, driven together over one block pool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvcore.block import KVBlock
+from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
+from kvcore.config import AttentionSpec, FullAttentionSpec, KVCacheConfig
+from kvcore.hashing import BlockHash
+from kvcore.managers import SingleTypeManager, manager_class_for
+from kvcore.managers.base import HitBlocks
+from kvcore.request import Request
+
+
+class KVCacheCoordinator:
+    """Drives one manager per KV-cache group over a shared block pool.
+
+    Subclasses differ only in how they find a prefix hit.
+    """
+
+    def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, enable_caching)
+        self.managers: tuple[SingleTypeManager, ...] = tuple(
+            manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
+            for group_id, spec in enumerate(config.groups)
+        )
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        """The hit blocks per group and the hit length in tokens."""
+        raise NotImplementedError
+
+    def num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: HitBlocks,
+        total_computed_tokens: int,
+    ) -> int:
+        """Free blocks all groups together consume to give the request ``num_tokens`` slots."""
+        return sum(
+            manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens)
+            for manager, hit in zip(self.managers, new_computed_blocks)
+        )
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: HitBlocks,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Take a new request's local hit in every group, then allocate for its external tokens.
+
+        The two phases are not interleaved per group: allocating one group's
+        external blocks pops the head of the free queue, which may be another
+        group's cached hit block that was not touched yet.  Touching every
+        group's hit first takes all of them out of the queue.  A running
+        request gets no new hit, so this is a no-op for it.
+        """
+        if any(request_id in manager.num_cached_blocks for manager in self.managers):
+            return
+        for manager, hit in zip(self.managers, new_computed_blocks):
+            manager.add_local_computed_blocks(request_id, hit, num_local_computed_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens > 0:
+            for manager in self.managers:
+                manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVBlock], ...]:
+        return tuple(manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        for manager in self.managers:
+            if manager.enable_caching:
+                manager.cache_blocks(request, num_tokens)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def free(self, request_id: str) -> None:
+        """Free the request in every group, group 0 first, each table tail first."""
+        for manager in self.managers:
+            manager.free(request_id)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVBlock], ...]:
+        return tuple(list(manager.req_to_blocks.get(request_id, ())) for manager in self.managers)
+
+
+class NoPrefixCacheCoordinator(KVCacheCoordinator):
+    """Any number of groups, prefix caching off: there is never a hit."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        super().__init__(config, enable_caching=False)
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in self.managers), 0
+
+
+class UnitaryCoordinator(KVCacheCoordinator):
+    """One group with prefix caching: the hit is that group's own."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        super().__init__(config, enable_caching=True)
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        manager = self.managers[0]
+        return manager.find_longest_cache_hit(block_hashes, max_length, [0], self.pool, manager.spec)
+
+
+@attrs.frozen
+class _SpecGroup:
+    """KV-cache groups with one spec, looked up together: a block position hits only if all do."""
+
+    spec: AttentionSpec
+    group_ids: list[int]
+    manager_class: type[SingleTypeManager]
+
+
+class HybridCoordinator(KVCacheCoordinator):
+    """Several groups, possibly of different attention types, with prefix caching."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        super().__init__(config, enable_caching=True)
+        spec_groups: list[_SpecGroup] = []
+        for group_id, manager in enumerate(self.managers):
+            for spec_group in spec_groups:
+                if spec_group.spec == manager.spec:
+                    spec_group.group_ids.append(group_id)
+                    break
+            else:
+                spec_groups.append(_SpecGroup(manager.spec, [group_id], type(manager)))
+        # Full attention first: its left-to-right scan gives the tightest
+        # first bound for the other types.
+        spec_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
+        self.spec_groups = tuple(spec_groups)
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        """The longest prefix every group accepts, found by a fixed-point iteration.
+
+        Each spec group in turn either accepts the current candidate length or
+        lowers it to the longest hit it accepts below it; a lowered candidate
+        is checked again by every group.  The candidate only decreases and is
+        bounded below by 0, so the iteration ends.  Full attention accepts
+        every length below its own hit, so its lookup runs once and is then
+        trimmed.  With exactly one full-attention and one other spec group,
+        one pass suffices.
+        """
+        num_groups = len(self.managers)
+        hit_blocks: list[list[KVBlock] | None] = [None] * num_groups
+        hit_lengths = [0] * num_groups
+        one_pass = len(self.spec_groups) == 2 and isinstance(self.spec_groups[0].spec, FullAttentionSpec)
+        hit_length = max_length
+        while True:
+            candidate = hit_length
+            for spec_group in self.spec_groups:
+                first = spec_group.group_ids[0]
+                if isinstance(spec_group.spec, FullAttentionSpec) and hit_blocks[first] is not None:
+                    candidate = min(candidate, hit_lengths[first])
+                    continue
+                blocks, candidate = spec_group.manager_class.find_longest_cache_hit(
+                    block_hashes, candidate, spec_group.group_ids, self.pool, spec_group.spec
+                )
+                for group_id, group_blocks in zip(spec_group.group_ids, blocks):
+                    hit_blocks[group_id] = group_blocks
+                    hit_lengths[group_id] = candidate
+            if candidate >= hit_length:
+                break
+            hit_length = candidate
+            if one_pass:
+                break
+        for spec_group in self.spec_groups:
+            if isinstance(spec_group.spec, FullAttentionSpec):
+                num_blocks = ceil_div(hit_length, spec_group.spec.block_size)
+                for group_id in spec_group.group_ids:
+                    trimmed = hit_blocks[group_id]
+                    if trimmed is not None:
+                        del trimmed[num_blocks:]
+        return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length
+
+
+def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:
+    """The coordinator for ``config``: no prefix cache, unitary, or hybrid."""
+    if not config.enable_caching:
+        return NoPrefixCacheCoordinator(config)
+    if len(config.groups) == 1:
+        return UnitaryCoordinator(config)
+    return HybridCoordinator(config)

@@ -1,0 +1,192 @@
+"""The KV-cache manager: the allocator's public face."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvcore.block import KVBlock
+from kvcore.block_pool import BlockPool
+from kvcore.config import KVCacheConfig
+from kvcore.coordinator import KVCacheCoordinator, make_coordinator
+from kvcore.errors import InvalidArgument, RequestTooLong
+from kvcore.hashing import BlockHashWithGroup
+from kvcore.request import Request
+
+GroupBlocks = tuple[list[KVBlock], ...]
+"""Blocks per KV-cache group, in group order."""
+
+
+class KVCacheManager:
+    """Allocates, shares through the prefix cache, and frees the KV-cache blocks of requests.
+
+    A scheduler step for a request is: :meth:`get_computed_blocks` (the local
+    prefix hit, only for a request that is not running), then
+    :meth:`allocate_slots` for the tokens the step computes, then advancing
+    ``request.num_computed_tokens``.  :meth:`free` ends the request (or
+    preempts it; the caller resets ``num_computed_tokens`` to 0 to recompute).
+    """
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        self.config = config
+        self.coordinator: KVCacheCoordinator = make_coordinator(config)
+        self.block_pool: BlockPool = self.coordinator.pool
+        self.num_groups = len(config.groups)
+        self.enable_caching = config.enable_caching
+
+    @property
+    def usage(self) -> float:
+        """The fraction of usable blocks that are held."""
+        return self.block_pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[GroupBlocks, int]:
+        """The request's local prefix hit: hit blocks per group and the hit length in tokens.
+
+        The hit is capped at ``num_tokens - 1`` tokens (at least one token is
+        always computed, to produce logits), so a block-aligned prompt never
+        hits its last block.  Nothing changes until :meth:`allocate_slots`
+        takes the hit.
+        """
+        if not self.enable_caching:
+            return tuple([] for _ in range(self.num_groups)), 0
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: GroupBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> GroupBlocks | None:
+        """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead).
+
+        ``num_new_computed_tokens``/``new_computed_blocks`` are the local hit
+        from :meth:`get_computed_blocks`; ``num_external_computed_tokens`` are
+        tokens an external connector loads after the hit.  Order of work:
+
+        1. Free the blocks that left the attention window of this request.
+           This is done even if the allocation is refused: they are not
+           needed either way.
+        2. Admission: if the pool cannot supply every block this needs
+           (counting hit blocks that sit free in the queue as consumed),
+           return ``None``; nothing else has changed.
+        3. Take the local hit in every group, then allocate for external
+           tokens in every group (never interleaved per group).
+        4. Allocate the new blocks and enter the now-full computed blocks in
+           the prefix cache.
+
+        Returns the newly allocated blocks per group.
+        """
+        rid = request.request_id
+        for name, value in (
+            ("num_new_tokens", num_new_tokens),
+            ("num_new_computed_tokens", num_new_computed_tokens),
+            ("num_lookahead_tokens", num_lookahead_tokens),
+            ("num_external_computed_tokens", num_external_computed_tokens),
+        ):
+            if not isinstance(value, int) or value < 0:
+                raise InvalidArgument(name, value, "must be an int >= 0")
+        if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
+            raise InvalidArgument("num_new_tokens", 0, "must be > 0 when no computed tokens are adopted")
+        if new_computed_blocks is None:
+            new_computed_blocks = tuple([] for _ in range(self.num_groups))
+        elif len(new_computed_blocks) != self.num_groups:
+            raise InvalidArgument(
+                "new_computed_blocks", len(new_computed_blocks), f"needs one list per group ({self.num_groups})"
+            )
+        has_hit = any(new_computed_blocks)
+        if has_hit and rid in self.coordinator.managers[0].req_to_blocks:
+            raise InvalidArgument("new_computed_blocks", rid, "a request that holds blocks takes no new prefix hit")
+
+        num_local_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        total_computed_tokens = num_local_computed_tokens + num_external_computed_tokens
+        num_tokens_main_model = total_computed_tokens + num_new_tokens
+        num_tokens_need_slot = num_tokens_main_model + num_lookahead_tokens
+        max_model_len = self.config.max_model_len
+        if max_model_len is not None:
+            if max(num_tokens_main_model, request.num_tokens) > max_model_len:
+                raise RequestTooLong(rid, max(num_tokens_main_model, request.num_tokens), max_model_len)
+            num_tokens_need_slot = min(num_tokens_need_slot, max_model_len)
+
+        coordinator = self.coordinator
+        coordinator.remove_skipped_blocks(rid, total_computed_tokens)
+        num_blocks_needed = coordinator.num_blocks_to_allocate(
+            rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens
+        )
+        if num_blocks_needed > self.block_pool.num_free_blocks:
+            return None
+        if has_hit or num_external_computed_tokens > 0:
+            coordinator.allocate_new_computed_blocks(
+                rid, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+            )
+        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens_need_slot)
+        if self.enable_caching:
+            # Only tokens that exist are cached: lookahead slots are not yet final.
+            coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
+        return new_blocks
+
+    def free(self, request: Request | str) -> None:
+        """Free every block of the request, group by group, each table tail first.
+
+        Freeing a request that holds nothing (aborted before allocation, or
+        already freed) is a no-op.
+        """
+        self.coordinator.free(request if isinstance(request, str) else request.request_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache; refused (``False``) while any block is held."""
+        return self.block_pool.reset_prefix_cache()
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the prefix-cache entries of the given blocks (e.g. after a failed external load).
+
+        Held blocks stay allocated but can no longer be hit.  An unknown id
+        raises :class:`~kvcore.errors.UnknownBlock` and changes nothing.
+        """
+        self.block_pool.evict_blocks(block_ids)
+
+    # -- introspection --------------------------------------------------------
+
+    def get_blocks(self, request_id: str) -> GroupBlocks:
+        return self.coordinator.get_blocks(request_id)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's table per group as block ids (0 is the null block)."""
+        return tuple([block.block_id for block in table] for table in self.get_blocks(request_id))
+
+    def request_ids(self) -> list[str]:
+        """Requests that hold a table, in the order they first got one."""
+        seen: dict[str, None] = {}
+        for manager in self.coordinator.managers:
+            seen.update(dict.fromkeys(manager.req_to_blocks))
+        return list(seen)
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head (next to allocate) first."""
+        return self.block_pool.free_block_ids()
+
+    def ref_counts(self) -> dict[int, int]:
+        return self.block_pool.ref_counts()
+
+    def cache_entries(self) -> list[tuple[BlockHashWithGroup, int]]:
+        return self.block_pool.cache_entries()
+
+    def check_invariants(self) -> None:
+        """Assert every structural invariant of the pool, the tables and their agreement."""
+        self.block_pool.check_invariants()
+        holders = dict.fromkeys(range(1, self.block_pool.num_blocks), 0)
+        for manager in self.coordinator.managers:
+            manager.check_invariants()
+            for table in manager.req_to_blocks.values():
+                for block in table:
+                    if not block.is_null:
+                        holders[block.block_id] += 1
+        for block_id, count in holders.items():
+            ref_cnt = self.block_pool.blocks[block_id].ref_cnt
+            assert ref_cnt == count, f"block {block_id}: ref_cnt={ref_cnt} but {count} table slots hold it"
+
+
+def hit_block_ids(blocks: Sequence[Sequence[KVBlock]]) -> tuple[list[int], ...]:
+    """Block ids of per-group block lists."""
+    return tuple([block.block_id for block in group] for group in blocks)

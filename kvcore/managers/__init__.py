@@ -1,0 +1,27 @@
+"""One manager per attention type; each keeps the block tables of one KV-cache group."""
+
+from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from kvcore.managers.base import SingleTypeManager
+from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
+from kvcore.managers.full import FullAttentionManager
+from kvcore.managers.sliding_window import SlidingWindowManager
+
+MANAGER_FOR_SPEC: dict[type, type[SingleTypeManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+}
+
+
+def manager_class_for(spec: AttentionSpec) -> type[SingleTypeManager]:
+    """The manager class that implements ``spec``'s attention type."""
+    return MANAGER_FOR_SPEC[type(spec)]
+
+
+__all__ = [
+    "ChunkedLocalAttentionManager",
+    "FullAttentionManager",
+    "SingleTypeManager",
+    "SlidingWindowManager",
+    "manager_class_for",
+]

@@ -1,0 +1,200 @@
+"""What every single-type manager shares: tables, allocation, caching, freeing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from kvcore.block import KVBlock
+from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
+from kvcore.config import AttentionSpec
+from kvcore.hashing import BlockHash
+from kvcore.request import Request
+
+HitBlocks = tuple[list[KVBlock], ...]
+"""Blocks of a prefix hit, one list per KV-cache group."""
+
+
+class SingleTypeManager:
+    """The block tables of one KV-cache group (layers of one attention type).
+
+    ``req_to_blocks[request_id]`` is the request's table: one block per
+    ``block_size`` tokens, in position order; positions the attention type no
+    longer needs hold the null block.  ``num_cached_blocks[request_id]`` counts
+    the leading table entries already entered in the prefix cache (or known to
+    be cached because they came from a hit); a request is *running* for this
+    manager once it has such an entry.
+    """
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, spec: AttentionSpec, pool: BlockPool, group_id: int, enable_caching: bool) -> None:
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.pool = pool
+        self.group_id = group_id
+        self.enable_caching = enable_caching
+        self.null_block = pool.null_block
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+
+    # -- the attention type -------------------------------------------------------
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """How many leading tokens no future token attends to, once ``num_computed_tokens`` are computed."""
+        return 0
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: AttentionSpec,
+    ) -> tuple[HitBlocks, int]:
+        """The longest prefix hit of at most ``max_length`` tokens that this type accepts.
+
+        Returns one block list per group of ``group_ids`` (null blocks where
+        the type needs nothing) and the hit length in tokens.
+        """
+        raise NotImplementedError
+
+    # -- admission and allocation ---------------------------------------------
+
+    def num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVBlock],
+        total_computed_tokens: int,
+    ) -> int:
+        """Free blocks this group consumes to give the request ``num_tokens`` slots.
+
+        Hit blocks that sit in the free queue with ``ref_cnt == 0`` count as
+        consumed: touching them takes them out of the queue.
+        """
+        num_required_blocks = ceil_div(num_tokens, self.block_size)
+        num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_blocks:
+            return max(num_required_blocks - num_req_blocks, 0)
+        num_skipped_blocks = self.num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local_computed_blocks = len(new_computed_blocks) + num_req_blocks
+        num_new_blocks = max(num_required_blocks - max(num_skipped_blocks, num_local_computed_blocks), 0)
+        first_kept_hit = max(0, num_skipped_blocks - num_req_blocks)
+        num_evictable_hits = sum(
+            1 for block in new_computed_blocks[first_kept_hit:] if block.ref_cnt == 0 and not block.is_null
+        )
+        return num_new_blocks + num_evictable_hits
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVBlock],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Put a new request's local hit in its table and take a reference on each hit block.
+
+        Hit positions already outside the attention window (counting the
+        external tokens too) become null blocks and are not touched.
+        """
+        table = self.req_to_blocks.setdefault(request_id, [])
+        assert not table, f"request {request_id!r} already has blocks in group {self.group_id}"
+        total_computed_tokens = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_blocks = self.num_skipped_tokens(total_computed_tokens) // self.block_size
+        kept = new_computed_blocks[num_skipped_blocks:]
+        if self.enable_caching:
+            self.pool.touch(kept)
+        table.extend([self.null_block] * num_skipped_blocks)
+        table.extend(kept)
+        self.num_cached_blocks[request_id] = len(table)
+
+    def allocate_external_computed_blocks(
+        self,
+        request_id: str,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        """Give a new request blocks for the tokens an external connector loads.
+
+        Must run only after every group's local hit was taken
+        (:meth:`add_local_computed_blocks`): otherwise this group's allocation
+        could pop another group's not-yet-touched hit block off the free queue.
+        """
+        total_computed_tokens = num_local_computed_tokens + num_external_computed_tokens
+        num_skipped_tokens = self.num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens > 0:
+            num_external_computed_tokens = min(total_computed_tokens - num_skipped_tokens, num_external_computed_tokens)
+        if num_external_computed_tokens <= 0:
+            return
+        table = self.req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = max(0, ceil_div(total_computed_tokens, self.block_size) - len(table))
+        table.extend(self.pool.get_new_blocks(num_new_blocks))
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
+        """Grow the request's table to hold ``num_tokens`` tokens; returns the blocks added."""
+        table = self.req_to_blocks.setdefault(request_id, [])
+        num_new_blocks = ceil_div(num_tokens, self.block_size) - len(table)
+        if num_new_blocks <= 0:
+            return []
+        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        table.extend(new_blocks)
+        return new_blocks
+
+    # -- caching and freeing --------------------------------------------------
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Enter the request's full blocks among its first ``num_tokens`` tokens in the prefix cache."""
+        request_id = request.request_id
+        num_cached = self.num_cached_blocks.get(request_id, 0)
+        num_full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        if num_cached >= num_full:
+            return
+        table = self.req_to_blocks[request_id]
+        self.pool.cache_blocks(table[num_cached:num_full], request.block_hashes[num_cached:num_full], self.group_id)
+        self.num_cached_blocks[request_id] = num_full
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Free the blocks no future token attends to and put the null block in their place.
+
+        The skipped range is freed from its last block backwards, stopping at
+        the first null block (everything before it was freed earlier).
+        """
+        num_skipped_tokens = self.num_skipped_tokens(num_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return
+        end = min(num_skipped_tokens // self.block_size, len(table))
+        start = end
+        while start > 0 and not table[start - 1].is_null:
+            start -= 1
+        if start == end:
+            return
+        released = table[start:end]
+        table[start:end] = [self.null_block] * (end - start)
+        self.pool.free_table(released)
+
+    def free(self, request_id: str) -> None:
+        """Free the request's table, tail block first; an unknown request is a no-op."""
+        table = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_blocks.pop(request_id, None)
+        self.pool.free_table(table)
+
+    def check_invariants(self) -> None:
+        """Every table is free of repeated blocks; cached counts fit their tables."""
+        for request_id, table in self.req_to_blocks.items():
+            ids = [block.block_id for block in table if not block.is_null]
+            assert len(ids) == len(set(ids)), (
+                f"group {self.group_id} request {request_id!r}: a block appears twice in {ids}"
+            )
+            for block in table:
+                assert block.is_null or block.ref_cnt > 0, (
+                    f"group {self.group_id} request {request_id!r} holds block {block.block_id} with ref_cnt 0"
+                )
+            assert self.num_cached_blocks.get(request_id, 0) <= len(table), (
+                f"group {self.group_id} request {request_id!r}: more cached blocks than table entries"
+            )

@@ -1,0 +1,71 @@
+"""Sliding-window attention: blocks that leave the window are freed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
+from kvcore.config import AttentionSpec, SlidingWindowSpec
+from kvcore.hashing import BlockHash
+from kvcore.managers.base import HitBlocks, SingleTypeManager
+
+
+def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
+    """Cached blocks a hit needs right before its boundary: those covering the last ``window - 1`` tokens."""
+    return ceil_div(sliding_window - 1, block_size)
+
+
+class SlidingWindowManager(SingleTypeManager):
+    """A token attends to the ``sliding_window`` tokens ending with it.
+
+    After ``n`` tokens are computed, the next token's window starts at
+    ``n - sliding_window + 1``; every block wholly before that is freed and
+    its table entry becomes the null block.
+    """
+
+    kind = "sliding_window"
+    spec: SlidingWindowSpec
+
+    def num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.spec.sliding_window + 1)
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: AttentionSpec,
+    ) -> tuple[HitBlocks, int]:
+        """Scan from the longest candidate down for enough contiguous cached blocks.
+
+        A hit ending at block ``i + k`` needs the ``k`` blocks before that
+        boundary cached (``k`` from :func:`contiguous_blocks_for_hit`); the
+        earlier positions are returned as null blocks.  The scan stops at the
+        first (longest) such run.  Without one, a run of cached blocks from
+        block 0 on is still a (short) hit.  Each boundary is visited once, so
+        the scan is linear in the number of candidate blocks.
+        """
+        assert isinstance(spec, SlidingWindowSpec)
+        block_size = spec.block_size
+        needed = contiguous_blocks_for_hit(spec.sliding_window, block_size)
+        max_num_blocks = max_length // block_size
+        hit: HitBlocks = tuple([pool.null_block] * max_num_blocks for _ in group_ids)
+        run = 0
+        for i in range(max_num_blocks - 1, -1, -1):
+            cached = pool.get_cached_block(block_hashes[i], group_ids)
+            if cached is None:
+                run = 0
+                continue
+            for group_blocks, block in zip(hit, cached):
+                group_blocks[i] = block
+            run += 1
+            if run >= needed:
+                for group_blocks in hit:
+                    del group_blocks[i + run :]
+                return hit, (i + run) * block_size
+        for group_blocks in hit:
+            del group_blocks[run:]
+        return hit, run * block_size

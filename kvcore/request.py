@@ -1,0 +1,74 @@
+"""The request: a sequence of tokens whose KV cache the manager tracks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvcore.errors import InvalidArgument
+from kvcore.hashing import BlockHash, ExtraKeys, hash_request_blocks
+
+
+class Request:
+    """A request as the KV-cache manager sees it.
+
+    ``all_token_ids`` is the prompt followed by the generated tokens.
+    ``block_hashes`` holds the hash of every full block of ``all_token_ids``
+    (at ``block_size`` granularity) and is kept up to date as tokens are
+    appended.  ``num_computed_tokens`` is advanced by the caller (the
+    scheduler) once a step has computed its tokens, and reset to 0 on
+    preemption.
+    """
+
+    __slots__ = (
+        "request_id",
+        "block_size",
+        "extra_keys",
+        "num_prompt_tokens",
+        "all_token_ids",
+        "block_hashes",
+        "num_computed_tokens",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        block_size: int,
+        extra_keys: ExtraKeys | None = None,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise InvalidArgument("block_size", block_size, "must be an int >= 1")
+        if len(prompt_token_ids) == 0:
+            raise InvalidArgument("prompt_token_ids", list(prompt_token_ids), "a prompt needs at least one token")
+        self.request_id = request_id
+        self.block_size = block_size
+        self.extra_keys = extra_keys
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.block_hashes: list[BlockHash] = hash_request_blocks(self.all_token_ids, block_size, extra_keys)
+        self.num_computed_tokens = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    def append_output_token_ids(self, token_ids: int | Iterable[int]) -> None:
+        """Append generated tokens and hash the blocks they complete."""
+        if isinstance(token_ids, int):
+            self.all_token_ids.append(token_ids)
+        else:
+            self.all_token_ids.extend(token_ids)
+        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+            self.block_hashes = hash_request_blocks(
+                self.all_token_ids, self.block_size, self.extra_keys, known=self.block_hashes
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens})"
+        )
