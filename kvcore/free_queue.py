@@ -44,6 +44,17 @@ class FreeBlockQueue:
         """The ids of the free blocks, head first."""
         return [block.block_id for block in self]
 
+    def block_ids_from_tail(self) -> list[int]:
+        """The ids of the free blocks walked tail to head by the backward links."""
+        ids: list[int] = []
+        node = self._tail.prev_free
+        while node is not None and node is not self._head:
+            ids.append(node.block_id)
+            node = node.prev_free
+            if len(ids) > self.num_free + 1:
+                break  # a corrupted list may cycle; the caller compares lengths
+        return ids
+
     def popleft(self) -> KVBlock:
         """Take the head block out of the queue."""
         return self.popleft_n(1)[0]

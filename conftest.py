@@ -1,0 +1,68 @@
+"""Hypothesis profiles and the command-line options every test run shares.
+
+Profiles: ``dev`` (default on a workstation), ``ci`` (default when the CI
+environment variable is set: derandomized and bounded) and ``thorough`` (an
+order of magnitude more examples and longer runs).  Choose one with
+``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from kvcheck.targets import TargetFactory, load_target
+
+_slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+settings.register_profile("dev", max_examples=150, stateful_step_count=40, deadline=None)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=400,
+    stateful_step_count=40,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_slow_ok,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=4000,
+    stateful_step_count=80,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=_slow_ok,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvcheck")
+    group.addoption(
+        "--target",
+        default="kvcore",
+        help="allocator to drive: 'kvcore' (default) or 'package.module:factory'",
+    )
+    group.addoption(
+        "--groups",
+        type=int,
+        default=None,
+        help="fix the number of KV-cache groups (default: drawn from 1 to 4 per run)",
+    )
+
+
+@pytest.fixture
+def make_target(request: pytest.FixtureRequest) -> TargetFactory:
+    """The factory of the target under test, from --target."""
+    return load_target(request.config.getoption("--target"))
+
+
+@pytest.fixture
+def num_groups(request: pytest.FixtureRequest) -> int | None:
+    groups: int | None = request.config.getoption("--groups")
+    if groups is not None and not 1 <= groups <= 8:
+        raise pytest.UsageError(f"--groups={groups}: must be between 1 and 8")
+    return groups

@@ -1,0 +1,45 @@
+"""Drive a target and the reference model through the same operations, checking every step.
+
+This is the one place where a target, the model and the invariants meet.
+State machines, trace replay and plain random drivers all step through a
+:class:`Lockstep`; nothing here depends on Hypothesis.
+"""
+
+from __future__ import annotations
+
+from kvcheck.config import TargetConfig
+from kvcheck.ops import Operation, StepResult
+from kvcheck.targets import Target, TargetFactory
+from models.invariants import StepCheck, check_all
+from models.manager_model import ManagerModel
+
+
+class Lockstep:
+    """A target and a model stepped together; the operations so far are kept as the trace."""
+
+    def __init__(self, make_target: TargetFactory, config: TargetConfig, check: bool = True) -> None:
+        self.config = config.validate()
+        self.target: Target = make_target(config)
+        self.model = ManagerModel(config)
+        self.check = check
+        self.trace: list[Operation] = []
+        self.last: StepCheck | None = None
+
+    def step(self, op: Operation) -> tuple[StepResult, StepResult]:
+        """Apply ``op`` to both; with checking on, raise the first invariant violation."""
+        self.trace.append(op)
+        sut_result = self.target.apply(op)
+        model_result = self.model.apply(op)
+        if self.check:
+            self.last = StepCheck(
+                step=len(self.trace),
+                op=op,
+                config=self.config,
+                sut_result=sut_result,
+                model_result=model_result,
+                sut=self.target.observe(),
+                model=self.model.observe(),
+            )
+            check_all(self.last)
+            self.target.check_internal()
+        return sut_result, model_result

@@ -1,0 +1,152 @@
+"""Operations: what a state machine, a trace or a driver asks a target to do.
+
+Operations are plain frozen values.  A target adapter and the reference model
+both interpret them; traces store them as JSON.  The scheduler-side rules
+that turn an operation into allocator calls (how many tokens a step computes,
+how many are loaded externally) are in :func:`plan_schedule`, shared by every
+interpreter so that targets and model cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+GroupIds = tuple[tuple[int, ...], ...]
+"""Block ids per KV-cache group."""
+
+
+@attrs.frozen
+class AddRequest:
+    """A request arrives with ``prompt`` token ids and waits to be scheduled."""
+
+    name: ClassVar[str] = "add_request"
+    request_id: str
+    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Schedule:
+    """One scheduler step for a request.
+
+    A waiting request first takes its local prefix hit, then up to
+    ``num_external_tokens`` tokens loaded by an external connector, then up to
+    ``num_new_tokens`` tokens to compute.  A running request computes up to
+    ``num_new_tokens`` more.  When the step computes the request's last token,
+    ``sampled_token`` is appended as its output.
+    """
+
+    name: ClassVar[str] = "schedule"
+    request_id: str
+    num_new_tokens: int
+    num_external_tokens: int = 0
+    sampled_token: int = 0
+
+
+@attrs.frozen
+class Finish:
+    """The request ends: all its blocks are freed (a no-op for one that holds none)."""
+
+    name: ClassVar[str] = "finish"
+    request_id: str
+
+
+@attrs.frozen
+class Preempt:
+    """The request is preempted: its blocks are freed and it will recompute from token 0."""
+
+    name: ClassVar[str] = "preempt"
+    request_id: str
+
+
+@attrs.frozen
+class FailedLoad:
+    """An external KV load for the request failed: its blocks leave the prefix cache,
+    then it is preempted to recompute from token 0."""
+
+    name: ClassVar[str] = "failed_load"
+    request_id: str
+
+
+@attrs.frozen
+class EvictBlocks:
+    """Drop the prefix-cache entries of the given blocks (held blocks stay allocated)."""
+
+    name: ClassVar[str] = "evict_blocks"
+    block_ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class ResetPrefixCache:
+    """Empty the prefix cache; refused while any block is held."""
+
+    name: ClassVar[str] = "reset_prefix_cache"
+
+
+Operation = AddRequest | Schedule | Finish | Preempt | FailedLoad | EvictBlocks | ResetPrefixCache
+
+OPERATION_TYPES: dict[str, type[Operation]] = {
+    cls.name: cls for cls in (AddRequest, Schedule, Finish, Preempt, FailedLoad, EvictBlocks, ResetPrefixCache)
+}
+
+
+def op_to_json(op: Operation) -> dict[str, Any]:
+    """The JSON object of an operation: ``{"op": name, **fields}``."""
+    fields = attrs.asdict(op, recurse=False)
+    return {"op": op.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}}
+
+
+def describe_op(op: Operation) -> str:
+    """A short human-readable rendering, e.g. ``schedule(r1, new=4, ext=2)``."""
+    if isinstance(op, Schedule):
+        extra = f", ext={op.num_external_tokens}" if op.num_external_tokens else ""
+        return f"schedule({op.request_id}, new={op.num_new_tokens}{extra}, sampled={op.sampled_token})"
+    if isinstance(op, AddRequest):
+        return f"add_request({op.request_id}, prompt={list(op.prompt)})"
+    if isinstance(op, EvictBlocks):
+        return f"evict_blocks({list(op.block_ids)})"
+    if isinstance(op, ResetPrefixCache):
+        return "reset_prefix_cache()"
+    return f"{op.name}({op.request_id})"
+
+
+@attrs.frozen
+class ScheduleAmounts:
+    """Tokens a scheduler step adopts and computes."""
+
+    num_new_tokens: int
+    num_external_tokens: int
+
+
+def plan_schedule(op: Schedule, num_tokens: int, num_computed_tokens: int, hit_length: int | None) -> ScheduleAmounts:
+    """How many tokens the step loads externally and computes.
+
+    ``hit_length`` is the local prefix hit of a waiting request and ``None``
+    for a running one.  At least one token is always computed; external
+    tokens only come after a waiting request's hit and never cover its last
+    token.
+    """
+    if hit_length is None:
+        return ScheduleAmounts(min(op.num_new_tokens, num_tokens - num_computed_tokens), 0)
+    external = max(0, min(op.num_external_tokens, num_tokens - 1 - hit_length))
+    new = min(op.num_new_tokens, num_tokens - hit_length - external)
+    return ScheduleAmounts(new, external)
+
+
+@attrs.frozen
+class StepResult:
+    """What an operation returned, as far as the invariants care.
+
+    ``admitted`` is set for :class:`Schedule` (``False``: ``allocate_slots``
+    returned ``None``); ``hit_length``/``hit_block_ids`` for the schedule of a
+    waiting request; ``new_block_ids`` for an admitted schedule;
+    ``reset_done`` for :class:`ResetPrefixCache`.
+    """
+
+    admitted: bool | None = None
+    hit_length: int | None = None
+    hit_block_ids: GroupIds | None = None
+    new_block_ids: GroupIds | None = None
+    num_external_tokens: int = 0
+    reset_done: bool | None = None

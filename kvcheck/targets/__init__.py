@@ -1,0 +1,57 @@
+"""Target adapters: one allocator behind one small interface.
+
+A target is built from a :class:`~kvcheck.config.TargetConfig`, applies
+operations (:mod:`kvcheck.ops`) and reports :class:`~kvcheck.observation.Observation`
+snapshots.  Machines, traces and drivers only ever talk to this interface.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Protocol
+
+from kvcheck.config import TargetConfig
+from kvcheck.observation import Observation
+from kvcheck.ops import Operation, StepResult
+
+
+class Target(Protocol):
+    """An allocator under test."""
+
+    name: str
+
+    def apply(self, op: Operation) -> StepResult:
+        """Carry out one operation."""
+        ...
+
+    def observe(self) -> Observation:
+        """The current state, as block ids and token prefixes."""
+        ...
+
+    def check_internal(self) -> None:
+        """The allocator's own structural self-check (may do nothing); raises AssertionError."""
+        ...
+
+
+TargetFactory = Callable[[TargetConfig], Target]
+
+
+def load_target(spec: str) -> TargetFactory:
+    """The target factory named by ``spec``: ``kvcore`` or ``package.module:factory``."""
+    if spec == "kvcore":
+        from kvcheck.targets.kvcore_target import KvcoreTarget
+
+        return KvcoreTarget
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"target {spec!r}: expected 'kvcore' or 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"target {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    try:
+        factory: TargetFactory = getattr(module, attr)
+    except AttributeError as exc:
+        raise ValueError(f"target {spec!r}: module {module_name!r} has no attribute {attr!r}") from exc
+    return factory

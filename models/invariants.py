@@ -1,0 +1,332 @@
+"""The named invariants every step must keep.
+
+Each invariant is a function of a :class:`StepCheck`: the step's operation,
+what the target and the model returned, and both observations.  It raises
+:class:`InvariantViolation` naming itself, the step, the block or request,
+and expected against actual.  ``ALL_INVARIANTS`` lists them in checking
+order: the target's own consistency first, then its agreement with the model.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import attrs
+
+from kvcheck.config import TargetConfig
+from kvcheck.observation import Observation
+from kvcheck.ops import Operation, Schedule, StepResult, describe_op
+
+
+@attrs.frozen
+class StepCheck:
+    """Everything the invariants may look at after one step."""
+
+    step: int
+    op: Operation
+    config: TargetConfig
+    sut_result: StepResult
+    model_result: StepResult
+    sut: Observation
+    model: Observation
+
+
+@attrs.define(auto_exc=True, str=False)
+class InvariantViolation(AssertionError):
+    """An invariant failed after a step."""
+
+    invariant: str
+    step: int
+    op: str
+    detail: str
+    expected: object = None
+    actual: object = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.invariant} violated at step {self.step} ({self.op}): {self.detail}"]
+        if self.expected is not None or self.actual is not None:
+            lines.append(f"  expected: {self.expected!r}")
+            lines.append(f"  actual:   {self.actual!r}")
+        return "\n".join(lines)
+
+
+def _fail(check: StepCheck, invariant: str, detail: str, expected: object = None, actual: object = None) -> None:
+    raise InvariantViolation(invariant, check.step, describe_op(check.op), detail, expected, actual)
+
+
+def no_duplicate_block_ids(check: StepCheck) -> None:
+    """No table holds a block twice, no block serves two groups, and two requests share a block
+    only at the same block position (as a prefix hit shares it).
+
+    Guards: cross-group double allocation (seed 003: one group's external
+    allocation popping another group's untouched hit block)."""
+    group_of: dict[int, int] = {}
+    position_of: dict[int, tuple[int, str]] = {}
+    for request_id, groups in check.sut.tables.items():
+        for group_id, table in enumerate(groups):
+            held = [b for b in table if b != 0]
+            repeated = sorted(b for b, n in Counter(held).items() if n > 1)
+            if repeated:
+                _fail(
+                    check,
+                    "no_duplicate_block_ids",
+                    f"request {request_id} group {group_id} holds block {repeated[0]} twice: table {list(table)}",
+                )
+            for position, block_id in enumerate(table):
+                if block_id == 0:
+                    continue
+                other_group = group_of.setdefault(block_id, group_id)
+                if other_group != group_id:
+                    _fail(
+                        check,
+                        "no_duplicate_block_ids",
+                        f"block {block_id} is held in group {other_group} "
+                        f"and in group {group_id} (request {request_id})",
+                    )
+                other_position, other_request = position_of.setdefault(block_id, (position, request_id))
+                if other_position != position:
+                    _fail(
+                        check,
+                        "no_duplicate_block_ids",
+                        f"block {block_id} is block {other_position} of "
+                        f"{other_request} and block {position} of {request_id}: not a shared prefix",
+                    )
+
+
+def ref_cnt_matches_holders(check: StepCheck) -> None:
+    """Every block's ref_cnt equals the number of table slots, over all requests and groups, that hold it.
+
+    Guards: double touch or missed touch of a hit block; a free that drops
+    the wrong count (seed 003's ref-count corruption)."""
+    holders = Counter(b for groups in check.sut.tables.values() for table in groups for b in table if b != 0)
+    for block_id, ref_cnt in sorted(check.sut.ref_counts.items()):
+        if ref_cnt != holders.get(block_id, 0):
+            _fail(
+                check,
+                "ref_cnt_matches_holders",
+                f"block {block_id} ref_cnt differs from its holder count",
+                holders.get(block_id, 0),
+                ref_cnt,
+            )
+
+
+def free_queue_well_formed(check: StepCheck) -> None:
+    """The free queue's forward and backward links agree, its count is right, and every block
+    is either in it (ref_cnt 0) or held, never both and never neither; the null block is never in it.
+
+    Guards: a linked-list splice that loses or duplicates a node; touch not
+    taking a free hit block out of the queue."""
+    sut = check.sut
+    forward, backward = list(sut.free_order), list(sut.free_order_backward)
+    if forward != backward[::-1]:
+        _fail(check, "free_queue_well_formed", "forward and backward walks disagree", forward, backward[::-1])
+    if len(forward) != sut.num_free:
+        _fail(check, "free_queue_well_formed", "num_free differs from the queue length", len(forward), sut.num_free)
+    repeated = sorted(b for b, n in Counter(forward).items() if n > 1)
+    if repeated:
+        _fail(check, "free_queue_well_formed", f"block {repeated[0]} is in the queue twice", None, forward)
+    if 0 in forward:
+        _fail(check, "free_queue_well_formed", "the null block is in the free queue", None, forward)
+    queued = set(forward)
+    for block_id, ref_cnt in sorted(sut.ref_counts.items()):
+        if (ref_cnt == 0) != (block_id in queued):
+            where = "in the free queue" if block_id in queued else "not in the free queue"
+            _fail(check, "free_queue_well_formed", f"block {block_id} has ref_cnt {ref_cnt} and is {where}")
+
+
+def cache_map_consistent(check: StepCheck) -> None:
+    """Every prefix-cache entry points to a block whose hash is that key, every hashed block is
+    in the map, and every key covers whole blocks.
+
+    Guards: a reused block keeping its stale hash; eviction that clears the
+    block but not the map entry (or the reverse)."""
+    from_map = {(g, prefix, b) for g, prefix, b in check.sut.cache_entries}
+    from_blocks = {(g, prefix, b) for b, (g, prefix) in check.sut.block_cache_keys.items()}
+    if from_map != from_blocks:
+        stale = sorted(from_map - from_blocks, key=repr)[:3]
+        missing = sorted(from_blocks - from_map, key=repr)[:3]
+        _fail(
+            check,
+            "cache_map_consistent",
+            f"map entries without a matching block hash: {stale}; hashed blocks missing from the map: {missing}",
+        )
+    block_size = check.config.block_size
+    for group_id, prefix, block_id in sorted(from_map, key=repr):
+        if not prefix or len(prefix) % block_size:
+            _fail(
+                check,
+                "cache_map_consistent",
+                f"block {block_id} (group {group_id}) is cached under a "
+                f"{len(prefix)}-token prefix, not whole {block_size}-token blocks",
+            )
+
+
+def admission_matches_model(check: StepCheck) -> None:
+    """allocate_slots refuses (returns None) exactly when the model says the step does not fit.
+
+    Guards: spurious refusals that stall a request; over-admission that runs
+    out of blocks half-way (hit blocks sitting free not counted as consumed)."""
+    if check.sut_result.admitted != check.model_result.admitted:
+        _fail(
+            check, "admission_matches_model", "admitted differs", check.model_result.admitted, check.sut_result.admitted
+        )
+
+
+def hit_is_sound_and_maximal(check: StepCheck) -> None:
+    """A prefix hit returns only blocks cached under the request's own prefix, is block-aligned,
+    stays below the request's last token, and is the longest prefix every group accepts.
+
+    Guards: a hit ignoring its length cap; a sliding-window hit needing too
+    few or too many blocks; a hybrid hit one group does not accept."""
+    sut, model = check.sut_result, check.model_result
+    if not isinstance(check.op, Schedule) or model.hit_length is None:
+        return
+    if sut.hit_length != model.hit_length:
+        _fail(
+            check,
+            "hit_is_sound_and_maximal",
+            f"hit length of {check.op.request_id} differs",
+            model.hit_length,
+            sut.hit_length,
+        )
+    if sut.hit_block_ids != model.hit_block_ids:
+        _fail(
+            check,
+            "hit_is_sound_and_maximal",
+            f"hit blocks of {check.op.request_id} differ",
+            model.hit_block_ids,
+            sut.hit_block_ids,
+        )
+
+
+def failed_allocation_changes_nothing(check: StepCheck) -> None:
+    """A refused allocate_slots leaves pool, tables, ref counts and cache as before
+    (apart from releasing blocks that had already left the attention window).
+
+    Guards: a refused allocation that leaks a popped block or a touched hit."""
+    if check.sut_result.admitted is not False:
+        return
+    for field in ("free_order", "tables", "ref_counts", "cache_entries"):
+        expected, actual = getattr(check.model, field), getattr(check.sut, field)
+        if expected != actual:
+            _fail(
+                check, "failed_allocation_changes_nothing", f"{field} changed by a refused allocation", expected, actual
+            )
+
+
+def _same_reuse_order(check: StepCheck, invariant: str) -> None:
+    if check.sut_result.new_block_ids != check.model_result.new_block_ids:
+        _fail(
+            check,
+            invariant,
+            "newly allocated blocks differ",
+            check.model_result.new_block_ids,
+            check.sut_result.new_block_ids,
+        )
+    if check.sut.free_order != check.model.free_order:
+        _fail(check, invariant, "free queue order differs", list(check.model.free_order), list(check.sut.free_order))
+
+
+def lifo_head_reuse_when_caching_off(check: StepCheck) -> None:
+    """With caching off, freed blocks go to the head of the queue, so the blocks handed out next
+    are the most recently freed ones, in reverse free order.
+
+    Guards: the FIFO/LIFO flip (seed 000: ``hash is None and caching_on``
+    written for ``hash is None or not caching_on`` in free_blocks)."""
+    if check.config.enable_caching:
+        return
+    if check.sut.free_order != check.model.free_order:
+        _fail(
+            check,
+            "lifo_head_reuse_when_caching_off",
+            "free queue order differs",
+            list(check.model.free_order),
+            list(check.sut.free_order),
+        )
+
+
+def lru_eviction_when_caching_on(check: StepCheck) -> None:
+    """With caching on, the free queue is: uncached blocks at the head (most recently freed
+    first), cached blocks at the tail in least-recently-freed order, each request tail block first.
+
+    Guards: a free that does not reverse a request's blocks; cached blocks
+    freed to the head (evicting a hot prefix first)."""
+    if not check.config.enable_caching:
+        return
+    if check.sut.free_order != check.model.free_order:
+        _fail(
+            check,
+            "lru_eviction_when_caching_on",
+            "free queue order differs",
+            list(check.model.free_order),
+            list(check.sut.free_order),
+        )
+
+
+def tables_match_model(check: StepCheck) -> None:
+    """Every request's table in every group is the one the model predicts (null blocks included).
+
+    Guards: a sliding-window or chunked-local skip off by one block; blocks
+    not freed at preemption."""
+    if check.sut.tables != check.model.tables:
+        differing = sorted(set(check.sut.tables) ^ set(check.model.tables)) or sorted(
+            r for r in check.sut.tables if check.sut.tables[r] != check.model.tables.get(r)
+        )
+        first = differing[0]
+        _fail(
+            check,
+            "tables_match_model",
+            f"table of request {first} differs",
+            check.model.tables.get(first),
+            check.sut.tables.get(first),
+        )
+
+
+def cache_matches_model(check: StepCheck) -> None:
+    """The prefix cache holds exactly the entries the model predicts.
+
+    Guards: a block cached too early (lookahead or unfinished tokens) or
+    never; eviction that misses an entry."""
+    if check.sut.cache_entries != check.model.cache_entries:
+        extra = sorted(check.sut.cache_entries - check.model.cache_entries, key=repr)[:3]
+        missing = sorted(check.model.cache_entries - check.sut.cache_entries, key=repr)[:3]
+        _fail(check, "cache_matches_model", f"unexpected entries {extra}; missing entries {missing}")
+
+
+def reset_refused_only_while_held(check: StepCheck) -> None:
+    """reset_prefix_cache succeeds exactly when no block is held.
+
+    Guards: a reset that drops the hashes of blocks still in use."""
+    if check.sut_result.reset_done != check.model_result.reset_done:
+        _fail(
+            check,
+            "reset_refused_only_while_held",
+            "reset result differs",
+            check.model_result.reset_done,
+            check.sut_result.reset_done,
+        )
+
+
+Invariant = Callable[[StepCheck], None]
+
+ALL_INVARIANTS: tuple[Invariant, ...] = (
+    no_duplicate_block_ids,
+    ref_cnt_matches_holders,
+    free_queue_well_formed,
+    cache_map_consistent,
+    admission_matches_model,
+    hit_is_sound_and_maximal,
+    failed_allocation_changes_nothing,
+    lifo_head_reuse_when_caching_off,
+    lru_eviction_when_caching_on,
+    tables_match_model,
+    cache_matches_model,
+    reset_refused_only_while_held,
+)
+
+
+def check_all(check: StepCheck) -> None:
+    """Run every invariant in order; the first violation is raised."""
+    for invariant in ALL_INVARIANTS:
+        invariant(check)

@@ -1,0 +1,248 @@
+"""The KV-cache manager, as lists and dicts: tables per request and group over one pool model."""
+
+from __future__ import annotations
+
+import attrs
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.observation import Observation
+from kvcheck.ops import (
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    GroupIds,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+    StepResult,
+    plan_schedule,
+)
+from models.pool_model import NULL, PoolModel
+
+
+def ceil_div(n_tokens: int, block_size: int) -> int:
+    return -(-n_tokens // block_size)
+
+
+def skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
+    """Leading tokens that no future token attends to once ``num_computed_tokens`` are computed."""
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return max(0, num_computed_tokens - group.window + 1)
+    if group.kind == "chunked_local":
+        assert group.window is not None
+        return (num_computed_tokens // group.window) * group.window
+    return 0
+
+
+def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> range:
+    """Block positions a hit of ``hit_blocks`` blocks must find cached in ``group``.
+
+    Full attention needs every block before the boundary; a sliding window
+    only the blocks covering the last ``window - 1`` tokens before it; chunked
+    local attention the blocks of the boundary's own chunk before it.
+    """
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return range(max(0, hit_blocks - ceil_div(group.window - 1, block_size)), hit_blocks)
+    if group.kind == "chunked_local":
+        assert group.window is not None
+        hit_tokens = hit_blocks * block_size
+        chunk_start = (hit_tokens // group.window) * group.window
+        return range(chunk_start // block_size, hit_blocks)
+    return range(hit_blocks)
+
+
+@attrs.define
+class RequestModel:
+    tokens: list[int]
+    num_computed_tokens: int = 0
+    running: bool = False
+
+
+class ManagerModel:
+    """What a KV-cache manager must do with each operation, stated directly.
+
+    A request's table in group ``g`` is the pool holder ``(request_id, g)``.
+    Prefix-cache keys are the token prefixes themselves, so two blocks share
+    a key exactly when their whole prefixes are equal.
+    """
+
+    def __init__(self, config: TargetConfig) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.groups = config.groups
+        self.pool = PoolModel(config.num_blocks, config.enable_caching)
+        self.requests: dict[str, RequestModel] = {}
+        self.num_cached: dict[tuple[str, int], int] = {}
+
+    # -- reading --------------------------------------------------------------
+
+    def table(self, request_id: str, group_id: int) -> list[int]:
+        return self.pool.holders.setdefault((request_id, group_id), [])
+
+    def prefix(self, request_id: str, block_position: int) -> tuple[int, ...]:
+        return tuple(self.requests[request_id].tokens[: (block_position + 1) * self.block_size])
+
+    def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
+        """The longest block-aligned prefix, below the last token, that every group finds cached."""
+        num_tokens = len(self.requests[request_id].tokens)
+        for hit_blocks in range((num_tokens - 1) // self.block_size, -1, -1):
+            found: list[tuple[int, ...]] = []
+            for group_id, group in enumerate(self.groups):
+                needed = needed_positions(group, hit_blocks, self.block_size)
+                blocks = [self.pool.lookup((group_id, self.prefix(request_id, p))) for p in needed]
+                if None in blocks:
+                    break
+                found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
+            else:
+                return hit_blocks * self.block_size, tuple(found)
+        raise AssertionError("a hit of length 0 is always accepted")
+
+    def observe(self) -> Observation:
+        tables = {}
+        for request_id in self.requests:
+            groups = tuple(tuple(self.pool.holders.get((request_id, g), ())) for g in range(len(self.groups)))
+            if any(groups):
+                tables[request_id] = groups
+        return Observation(
+            free_order=tuple(self.pool.free_order),
+            free_order_backward=tuple(reversed(self.pool.free_order)),
+            num_free=len(self.pool.free_order),
+            ref_counts=self.pool.ref_counts(),
+            tables=tables,
+            cache_entries=frozenset((g, prefix, b) for b, (g, prefix) in self.pool.cache.items()),
+            block_cache_keys=dict(self.pool.cache),
+        )
+
+    # -- operations -----------------------------------------------------------
+
+    def apply(self, op: Operation) -> StepResult:
+        if isinstance(op, AddRequest):
+            self.requests[op.request_id] = RequestModel(list(op.prompt))
+            return StepResult()
+        if isinstance(op, Schedule):
+            return self._schedule(op)
+        if isinstance(op, Finish):
+            self._free(op.request_id)
+            del self.requests[op.request_id]
+            return StepResult()
+        if isinstance(op, FailedLoad):
+            held = {b for g in range(len(self.groups)) for b in self.pool.holders.get((op.request_id, g), ())}
+            self.pool.evict(held - {NULL})
+            self._preempt(op.request_id)
+            return StepResult()
+        if isinstance(op, Preempt):
+            self._preempt(op.request_id)
+            return StepResult()
+        if isinstance(op, EvictBlocks):
+            self.pool.evict(op.block_ids)
+            return StepResult()
+        if isinstance(op, ResetPrefixCache):
+            return StepResult(reset_done=self.pool.reset_prefix_cache())
+        raise TypeError(f"unknown operation {op!r}")
+
+    def _schedule(self, op: Schedule) -> StepResult:
+        rid = op.request_id
+        request = self.requests[rid]
+        num_groups = len(self.groups)
+        waiting = not request.running
+        hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
+        if waiting and self.config.enable_caching:
+            hit_length, hit_ids = self.find_hit(rid)
+        amounts = plan_schedule(op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None)
+        external = amounts.num_external_tokens
+        total_computed = request.num_computed_tokens + hit_length + external
+        slots = total_computed + amounts.num_new_tokens
+        result_hit = (hit_length, hit_ids) if waiting else (None, None)
+
+        # Blocks that left every future token's window are released whether
+        # or not the step is admitted.
+        for group_id in range(num_groups):
+            self._release_skipped(rid, group_id, total_computed)
+
+        # Admission: the step fits when the free queue holds every block it
+        # takes: new blocks for the tables, plus hit blocks now sitting free.
+        taken = 0
+        for group_id, group in enumerate(self.groups):
+            table = self.table(rid, group_id)
+            length_before_growth = len(table)
+            if waiting:
+                num_skipped = skipped_tokens(group, total_computed) // self.block_size
+                kept_hits = hit_ids[group_id][num_skipped:]
+                taken += sum(1 for b in kept_hits if b in self.pool.free_order)
+                length_before_growth = max(num_skipped, len(hit_ids[group_id]))
+            taken += max(0, ceil_div(slots, self.block_size) - length_before_growth)
+        if taken > len(self.pool.free_order):
+            return StepResult(admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1])
+
+        # Every group takes its local hit before any group allocates for
+        # external tokens.
+        if waiting and (any(hit_ids) or external > 0):
+            for group_id, group in enumerate(self.groups):
+                num_skipped = skipped_tokens(group, total_computed) // self.block_size
+                kept_hits = list(hit_ids[group_id][num_skipped:])
+                self.pool.touch(kept_hits)
+                table = self.table(rid, group_id)
+                table.extend([NULL] * num_skipped + kept_hits)
+                self.num_cached[(rid, group_id)] = len(table)
+            for group_id, group in enumerate(self.groups):
+                if total_computed - skipped_tokens(group, total_computed) > 0 and external > 0:
+                    self._grow(rid, group_id, total_computed)
+        new_ids = tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
+
+        if self.config.enable_caching:
+            self._cache_full_blocks(rid, min(slots, len(request.tokens)))
+        request.running = True
+        request.num_computed_tokens = total_computed + amounts.num_new_tokens
+        if request.num_computed_tokens == len(request.tokens):
+            request.tokens.append(op.sampled_token)
+        return StepResult(
+            admitted=True,
+            hit_length=result_hit[0],
+            hit_block_ids=result_hit[1],
+            new_block_ids=new_ids,
+            num_external_tokens=external,
+        )
+
+    def _grow(self, rid: str, group_id: int, num_tokens: int) -> list[int]:
+        table = self.table(rid, group_id)
+        added = self.pool.take_free(max(0, ceil_div(num_tokens, self.block_size) - len(table)))
+        table.extend(added)
+        return added
+
+    def _release_skipped(self, rid: str, group_id: int, total_computed: int) -> None:
+        table = self.pool.holders.get((rid, group_id))
+        if not table:
+            return
+        end = min(skipped_tokens(self.groups[group_id], total_computed) // self.block_size, len(table))
+        released: list[int] = []
+        for position in range(end - 1, -1, -1):
+            if table[position] == NULL:
+                break
+            released.append(table[position])
+            table[position] = NULL
+        self.pool.release(released)
+
+    def _cache_full_blocks(self, rid: str, num_tokens: int) -> None:
+        num_full = min(num_tokens, len(self.requests[rid].tokens)) // self.block_size
+        for group_id in range(len(self.groups)):
+            table = self.table(rid, group_id)
+            start = self.num_cached.get((rid, group_id), 0)
+            for position in range(start, num_full):
+                self.pool.cache_block(table[position], (group_id, self.prefix(rid, position)))
+            self.num_cached[(rid, group_id)] = max(start, num_full)
+
+    def _free(self, rid: str) -> None:
+        for group_id in range(len(self.groups)):
+            table = self.pool.holders.pop((rid, group_id), [])
+            self.num_cached.pop((rid, group_id), None)
+            self.pool.release(reversed(table))
+
+    def _preempt(self, rid: str) -> None:
+        self._free(rid)
+        request = self.requests[rid]
+        request.num_computed_tokens = 0
+        request.running = False

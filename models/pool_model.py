@@ -1,0 +1,94 @@
+"""The block pool, as lists and dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+NULL = 0
+CacheKey = tuple[int, tuple[int, ...]]
+"""(group id, token ids of the whole prefix that ends with the block)."""
+
+
+class PoolModel:
+    """What the block pool must do, stated as simply as possible.
+
+    - ``free_order``: the free blocks, head (next handed out) first.
+    - ``holders``: each holder (a request's table in one group, say) and the
+      block ids it holds; 0, the null block, holds nothing.
+    - ``cache``: cached block id -> its key, in the order blocks were cached.
+
+    A block's reference count is not stored: it is the number of holder
+    slots that name it.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.free_order: list[int] = list(range(1, num_blocks))
+        self.holders: dict[Hashable, list[int]] = {}
+        self.cache: dict[int, CacheKey] = {}
+
+    def ref_counts(self) -> dict[int, int]:
+        counts = dict.fromkeys(range(1, self.num_blocks), 0)
+        for blocks in self.holders.values():
+            for block_id in blocks:
+                if block_id != NULL:
+                    counts[block_id] += 1
+        return counts
+
+    def lookup(self, key: CacheKey) -> int | None:
+        """The block a hit on ``key`` returns: the earliest cached one still cached."""
+        for block_id, block_key in self.cache.items():
+            if block_key == key:
+                return block_id
+        return None
+
+    def take_free(self, n_blocks: int) -> list[int]:
+        """Hand out the first ``n_blocks`` free blocks; a cached one loses its cache entry."""
+        taken, self.free_order = self.free_order[:n_blocks], self.free_order[n_blocks:]
+        assert len(taken) == n_blocks, f"model: {n_blocks} blocks asked, {len(taken)} free"
+        for block_id in taken:
+            self.cache.pop(block_id, None)
+        return taken
+
+    def touch(self, block_ids: Iterable[int]) -> None:
+        """A hit on free blocks takes them out of the free order."""
+        for block_id in block_ids:
+            if block_id in self.free_order:
+                self.free_order.remove(block_id)
+
+    def release(self, block_ids_in_eviction_order: Iterable[int]) -> None:
+        """Blocks whose last holder let go (holder slots already removed) rejoin the free order.
+
+        Uncached blocks, or all blocks while caching is off, go to the head in
+        the given order; cached blocks go to the tail in the given order.
+        """
+        counts = self.ref_counts()
+        to_head: list[int] = []
+        to_tail: list[int] = []
+        seen = set(self.free_order)
+        for block_id in block_ids_in_eviction_order:
+            if block_id == NULL or counts[block_id] > 0 or block_id in seen:
+                continue
+            seen.add(block_id)
+            if block_id in self.cache and self.enable_caching:
+                to_tail.append(block_id)
+            else:
+                to_head.append(block_id)
+        self.free_order = to_head + self.free_order + to_tail
+
+    def cache_block(self, block_id: int, key: CacheKey) -> None:
+        if block_id == NULL or self.cache.get(block_id) == key:
+            return
+        self.cache.pop(block_id, None)
+        self.cache[block_id] = key
+
+    def evict(self, block_ids: Iterable[int]) -> None:
+        for block_id in block_ids:
+            self.cache.pop(block_id, None)
+
+    def reset_prefix_cache(self) -> bool:
+        if len(self.free_order) != self.num_blocks - 1:
+            return False
+        self.cache.clear()
+        return True

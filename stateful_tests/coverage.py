@@ -1,0 +1,95 @@
+"""Coverage labels: the states where allocator bugs live, reported with ``event()``.
+
+Labels are computed from the model around one step, so they name what the
+step did, not how the target did it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import attrs
+
+from kvcheck.ops import FailedLoad, Operation, Preempt, ResetPrefixCache, Schedule, StepResult
+from models.manager_model import ManagerModel
+
+POOL_EXHAUSTED = "pool exhausted"
+ALLOCATION_REFUSED = "allocation returned None"
+CACHED_BLOCK_EVICTED = "cached block evicted"
+HIT_ACROSS_ALL_GROUPS = "prefix hit across all groups"
+HIT_ON_FREE_BLOCK = "hit on a ref-count-0 block"
+EXTERNAL_WITH_LOCAL_HIT = "external tokens with a local hit"
+SLIDING_WINDOW_FREED = "sliding window freed a block"
+REHIT_AFTER_PREEMPTION = "preemption then re-hit of own blocks"
+
+ALL_LABELS = (
+    POOL_EXHAUSTED,
+    ALLOCATION_REFUSED,
+    CACHED_BLOCK_EVICTED,
+    HIT_ACROSS_ALL_GROUPS,
+    HIT_ON_FREE_BLOCK,
+    EXTERNAL_WITH_LOCAL_HIT,
+    SLIDING_WINDOW_FREED,
+    REHIT_AFTER_PREEMPTION,
+)
+
+LABELS_SEEN: Counter[str] = Counter()
+"""Every label reached in this process, for the test that all of them are."""
+
+
+@attrs.define
+class BeforeStep:
+    """What the labels need of the model just before a step."""
+
+    free: set[int]
+    cached: set[int]
+    sliding_nulls: int
+    held_by_request: set[int]
+
+    @classmethod
+    def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
+        request_id = getattr(op, "request_id", None)
+        held = {b for (rid, _), table in model.pool.holders.items() if rid == request_id for b in table}
+        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0})
+
+
+def _sliding_nulls(model: ManagerModel, op: Operation) -> int:
+    if not isinstance(op, Schedule):
+        return 0
+    return sum(
+        model.pool.holders.get((op.request_id, g), []).count(0)
+        for g, group in enumerate(model.groups)
+        if group.kind == "sliding_window"
+    )
+
+
+def step_labels(
+    op: Operation,
+    result: StepResult,
+    before: BeforeStep,
+    model: ManagerModel,
+    held_before_preemption: dict[str, set[int]],
+) -> list[str]:
+    """The labels one step earned; also records preempted requests' blocks for the re-hit label."""
+    labels = []
+    if not model.pool.free_order:
+        labels.append(POOL_EXHAUSTED)
+    if result.admitted is False:
+        labels.append(ALLOCATION_REFUSED)
+    if not isinstance(op, ResetPrefixCache) and before.cached - set(model.pool.cache):
+        labels.append(CACHED_BLOCK_EVICTED)
+    if isinstance(op, Preempt | FailedLoad):
+        held_before_preemption[op.request_id] = before.held_by_request
+    if isinstance(op, Schedule) and result.admitted:
+        hit_ids = {b for group in result.hit_block_ids or () for b in group if b != 0}
+        if result.hit_length and len(model.groups) > 1:
+            labels.append(HIT_ACROSS_ALL_GROUPS)
+        if hit_ids & before.free:
+            labels.append(HIT_ON_FREE_BLOCK)
+        if result.hit_length and result.num_external_tokens:
+            labels.append(EXTERNAL_WITH_LOCAL_HIT)
+        if hit_ids & held_before_preemption.pop(op.request_id, set()):
+            labels.append(REHIT_AFTER_PREEMPTION)
+    if _sliding_nulls(model, op) > before.sliding_nulls:
+        labels.append(SLIDING_WINDOW_FREED)
+    return labels

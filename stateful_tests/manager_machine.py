@@ -1,0 +1,104 @@
+"""The manager machine: requests scheduled, decoded, preempted and freed across N hybrid groups."""
+
+from __future__ import annotations
+
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, precondition, rule
+
+from kvcheck.config import TargetConfig
+from kvcheck.lockstep import Lockstep
+from kvcheck.ops import (
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+    describe_op,
+)
+from kvcheck.targets import TargetFactory
+from stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
+from stateful_tests.strategies import MAX_LIVE_REQUESTS, prompts, target_configs, tokens
+
+
+def manager_machine(
+    make_target: TargetFactory, num_groups: int | None = None, check: bool = True
+) -> type[RuleBasedStateMachine]:
+    """A state machine class driving ``make_target`` and the model in lockstep.
+
+    The configuration is drawn once per run (``num_groups`` fixes the group
+    count).  With ``check`` off the invariants are skipped, for measuring
+    what they cost.
+    """
+
+    class ManagerMachine(RuleBasedStateMachine):
+        requests = Bundle("requests")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lockstep: Lockstep
+            self.next_request = 0
+            self.held_before_preemption: dict[str, set[int]] = {}
+
+        def _step(self, op: Operation) -> None:
+            model = self.lockstep.model
+            before = BeforeStep.capture(model, op)
+            result, _ = self.lockstep.step(op)
+            note(f"step {len(self.lockstep.trace)}: {describe_op(op)} -> {result}")
+            for label in step_labels(op, result, before, model, self.held_before_preemption):
+                event(label)
+                LABELS_SEEN[label] += 1
+
+        @initialize(config=target_configs(num_groups))
+        def configure(self, config: TargetConfig) -> None:
+            note(f"config: {config.describe()}")
+            self.lockstep = Lockstep(make_target, config, check=check)
+
+        @precondition(lambda self: len(self.lockstep.model.requests) < MAX_LIVE_REQUESTS)
+        @rule(target=requests, prompt=prompts)
+        def add_request(self, prompt: tuple[int, ...]) -> str:
+            request_id = f"r{self.next_request}"
+            self.next_request += 1
+            self._step(AddRequest(request_id, prompt))
+            return request_id
+
+        @rule(
+            request_id=requests,
+            num_new_tokens=st.integers(1, 12),
+            num_external_tokens=st.integers(0, 8) | st.just(0),
+            sampled_token=tokens,
+        )
+        def schedule(self, request_id: str, num_new_tokens: int, num_external_tokens: int, sampled_token: int) -> None:
+            self._step(Schedule(request_id, num_new_tokens, num_external_tokens, sampled_token))
+
+        @rule(request_id=requests, sampled_token=tokens)
+        def decode(self, request_id: str, sampled_token: int) -> None:
+            self._step(Schedule(request_id, 1, 0, sampled_token))
+
+        @rule(request_id=consumes(requests))
+        def finish(self, request_id: str) -> None:
+            self._step(Finish(request_id))
+
+        @rule(request_id=requests)
+        def preempt(self, request_id: str) -> None:
+            self._step(Preempt(request_id))
+
+        @rule(request_id=requests)
+        def failed_load(self, request_id: str) -> None:
+            self._step(FailedLoad(request_id))
+
+        @precondition(lambda self: bool(self.lockstep.model.pool.cache))
+        @rule(data=st.data())
+        def evict_blocks(self, data: st.DataObject) -> None:
+            cached = sorted(self.lockstep.model.pool.cache)
+            block_ids = data.draw(st.lists(st.sampled_from(cached), min_size=1, max_size=3, unique=True))
+            self._step(EvictBlocks(tuple(block_ids)))
+
+        @rule()
+        def reset_prefix_cache(self) -> None:
+            self._step(ResetPrefixCache())
+
+    return ManagerMachine

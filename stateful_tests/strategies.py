@@ -1,0 +1,39 @@
+"""Hypothesis strategies for target configurations and request contents."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvcheck.config import GroupSpec, TargetConfig
+
+MAX_LIVE_REQUESTS = 6
+TOKEN_ALPHABET = 3
+"""Prompts draw from a tiny alphabet so that prefixes collide and hits happen often."""
+
+
+@st.composite
+def group_specs(draw: st.DrawFn, block_size: int) -> GroupSpec:
+    kind = draw(st.sampled_from(["full", "sliding_window", "chunked_local"]))
+    if kind == "sliding_window":
+        return GroupSpec(kind, draw(st.integers(2, 4 * block_size)))
+    if kind == "chunked_local":
+        return GroupSpec(kind, block_size * draw(st.integers(1, 4)))
+    return GroupSpec(kind)
+
+
+@st.composite
+def target_configs(draw: st.DrawFn, num_groups: int | None = None) -> TargetConfig:
+    """Small pools (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed kinds."""
+    block_size = draw(st.integers(1, 4))
+    count = num_groups if num_groups is not None else draw(st.integers(1, 4))
+    groups = tuple(draw(group_specs(block_size)) for _ in range(count))
+    return TargetConfig(
+        num_blocks=draw(st.integers(4, 32)),
+        block_size=block_size,
+        groups=groups,
+        enable_caching=draw(st.booleans()),
+    )
+
+
+prompts = st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=1, max_size=12).map(tuple)
+tokens = st.integers(0, TOKEN_ALPHABET - 1)
