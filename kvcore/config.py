@@ -69,6 +69,11 @@ def _num_blocks(instance: object, attribute: attrs.Attribute[Any], value: object
         raise InvalidConfig("num_blocks", value, "must be an int >= 2 (block 0 is the null block)")
 
 
+def _boolean(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidConfig(attribute.name, value, "must be True or False")
+
+
 def _max_model_len(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None:
         _positive_int(instance, attribute, value)
@@ -86,7 +91,7 @@ class KVCacheConfig:
 
     num_blocks: int = attrs.field(validator=_num_blocks)
     groups: tuple[AttentionSpec, ...] = attrs.field(converter=tuple, validator=_groups)
-    enable_caching: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    enable_caching: bool = attrs.field(default=True, validator=_boolean)
     max_model_len: int | None = attrs.field(default=None, validator=_max_model_len)
 
     @property
