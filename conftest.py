@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
+from kvcheck.faults import get_fault
 from kvcheck.targets import TargetFactory, load_target
 
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -27,6 +28,8 @@ settings.register_profile(
     deadline=None,
     print_blob=True,
     suppress_health_check=_slow_ok,
+    # The explain phase can take half a minute on a failing run; CI only needs the repro.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
 settings.register_profile(
     "thorough",
@@ -47,6 +50,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="allocator to drive: 'kvcore' (default) or 'package.module:factory'",
     )
     group.addoption(
+        "--fault",
+        default=None,
+        help="plant a catalogued fault (see `kvcheck faults`) into the kvcore target; the suite should then fail",
+    )
+    group.addoption(
         "--groups",
         type=int,
         default=None,
@@ -56,8 +64,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture
 def make_target(request: pytest.FixtureRequest) -> TargetFactory:
-    """The factory of the target under test, from --target."""
-    return load_target(request.config.getoption("--target"))
+    """The factory of the target under test, from --target (and --fault)."""
+    fault_name = request.config.getoption("--fault")
+    if fault_name is None:
+        return load_target(request.config.getoption("--target"))
+    if request.config.getoption("--target") != "kvcore":
+        raise pytest.UsageError("--fault applies to --target kvcore only")
+    return get_fault(fault_name).kvcore_target
 
 
 @pytest.fixture

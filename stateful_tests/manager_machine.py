@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import event, note
+from hypothesis import event, note, target
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, precondition, rule
 
@@ -20,7 +20,7 @@ from kvcheck.ops import (
     describe_op,
 )
 from kvcheck.targets import TargetFactory
-from stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
+from stateful_tests.coverage import EXTERNAL_WITH_LOCAL_HIT, LABELS_SEEN, BeforeStep, step_labels
 from stateful_tests.strategies import MAX_LIVE_REQUESTS, prompts, target_configs, tokens
 
 
@@ -42,6 +42,7 @@ def manager_machine(
             self.lockstep: Lockstep
             self.next_request = 0
             self.held_before_preemption: dict[str, set[int]] = {}
+            self.warm_external_hits = 0
 
         def _step(self, op: Operation) -> None:
             model = self.lockstep.model
@@ -51,6 +52,14 @@ def manager_machine(
             for label in step_labels(op, result, before, model, self.held_before_preemption):
                 event(label)
                 LABELS_SEEN[label] += 1
+                if label == EXTERNAL_WITH_LOCAL_HIT:
+                    self.warm_external_hits += 1 + len(before.free & before.cached)
+
+        def teardown(self) -> None:
+            # Steer generation towards the states where cross-group bugs live:
+            # a prefix hit taken with externally loaded tokens while the free
+            # queue holds cached blocks (a warm pool).
+            target(float(self.warm_external_hits), label="external tokens with a hit on a warm pool")
 
         @initialize(config=target_configs(num_groups))
         def configure(self, config: TargetConfig) -> None:
@@ -65,10 +74,26 @@ def manager_machine(
             self._step(AddRequest(request_id, prompt))
             return request_id
 
+        @rule(target=requests, source=consumes(requests), extension=prompts)
+        def next_turn(self, source: str, extension: tuple[int, ...]) -> str:
+            """A conversation turn ends and the next one arrives carrying everything said so far."""
+            prompt = (*self.lockstep.model.requests[source].tokens, *extension)
+            self.finish(source)
+            return self.add_request(prompt)
+
+        @precondition(lambda self: len(self.lockstep.model.requests) < MAX_LIVE_REQUESTS)
+        @rule(target=requests, token=tokens)
+        def add_request_filling_pool(self, token: int) -> str:
+            """A request whose prompt, prefilled at once, takes every free block: the boundary where
+            freed blocks are all that is left to allocate from."""
+            model = self.lockstep.model
+            blocks_per_group = max(1, len(model.pool.free_order) // len(model.groups))
+            return self.add_request((token,) * (blocks_per_group * model.block_size))
+
         @rule(
             request_id=requests,
-            num_new_tokens=st.integers(1, 12),
-            num_external_tokens=st.integers(0, 8) | st.just(0),
+            num_new_tokens=st.integers(1, 32),
+            num_external_tokens=st.integers(0, 8),
             sampled_token=tokens,
         )
         def schedule(self, request_id: str, num_new_tokens: int, num_external_tokens: int, sampled_token: int) -> None:
@@ -97,6 +122,7 @@ def manager_machine(
             block_ids = data.draw(st.lists(st.sampled_from(cached), min_size=1, max_size=3, unique=True))
             self._step(EvictBlocks(tuple(block_ids)))
 
+        @precondition(lambda self: len(self.lockstep.model.requests) <= 1)
         @rule()
         def reset_prefix_cache(self) -> None:
             self._step(ResetPrefixCache())
