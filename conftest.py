@@ -9,12 +9,16 @@ order of magnitude more examples and longer runs).  Choose one with
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from kvcheck.faults import get_fault
+from kvcheck.lockstep import Lockstep
+from kvcheck.repro import failing_trace, write_repro
 from kvcheck.targets import TargetFactory, load_target
+from models.invariants import InvariantViolation
 
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -79,3 +83,32 @@ def num_groups(request: pytest.FixtureRequest) -> int | None:
     if groups is not None and not 1 <= groups <= 8:
         raise pytest.UsageError(f"--groups={groups}: must be between 1 and 8")
     return groups
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """When a machine fails an invariant, write the shrunk trace and a standalone test beside it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or call.excinfo is None:
+        return
+    violation = call.excinfo.value
+    while violation is not None and not isinstance(violation, InvariantViolation):
+        violation = violation.__cause__ or violation.__context__
+    lockstep = Lockstep.latest
+    if violation is None or lockstep is None or len(lockstep.trace) < violation.step:
+        return
+    fault = item.config.getoption("--fault")
+    trace = failing_trace(lockstep.config, lockstep.trace, violation, fault, f"{item.nodeid}")
+    stem = f"{item.name.removeprefix('test_')}-{violation.invariant}"
+    json_path, py_path = write_repro(trace, Path("repros"), stem, item.config.getoption("--target"))
+    flag = f" --fault {fault}" if fault else ""
+    report.sections.append(
+        (
+            "kvcheck repro",
+            f"shrunk trace ({len(trace.ops)} steps): {json_path}\n"
+            f"standalone test: {py_path}\n"
+            f"replay: kvcheck replay {json_path}{flag}\n"
+            f"show:   kvcheck show {json_path}{flag}\n",
+        )
+    )

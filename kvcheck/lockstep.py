@@ -8,14 +8,19 @@ State machines, trace replay and plain random drivers all step through a
 from __future__ import annotations
 
 from kvcheck.config import TargetConfig
-from kvcheck.ops import Operation, StepResult
+from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
-from models.invariants import StepCheck, check_all
+from models.invariants import InvariantViolation, StepCheck, check_all
 from models.manager_model import ManagerModel
 
 
 class Lockstep:
     """A target and a model stepped together; the operations so far are kept as the trace."""
+
+    total_steps = 0
+    """Steps taken by every Lockstep in this process (for summaries and benchmarks)."""
+    latest: Lockstep | None = None
+    """The most recently created Lockstep: after a failing test, the one that failed."""
 
     def __init__(self, make_target: TargetFactory, config: TargetConfig, check: bool = True) -> None:
         self.config = config.validate()
@@ -24,10 +29,12 @@ class Lockstep:
         self.check = check
         self.trace: list[Operation] = []
         self.last: StepCheck | None = None
+        Lockstep.latest = self
 
     def step(self, op: Operation) -> tuple[StepResult, StepResult]:
         """Apply ``op`` to both; with checking on, raise the first invariant violation."""
         self.trace.append(op)
+        Lockstep.total_steps += 1
         sut_result = self.target.apply(op)
         model_result = self.model.apply(op)
         if self.check:
@@ -41,5 +48,10 @@ class Lockstep:
                 model=self.model.observe(),
             )
             check_all(self.last)
-            self.target.check_internal()
+            try:
+                self.target.check_internal()
+            except AssertionError as exc:
+                raise InvariantViolation(
+                    "target_self_check", self.last.step, describe_op(op), f"the target's own check failed: {exc}"
+                ) from exc
         return sut_result, model_result

@@ -1,0 +1,237 @@
+"""The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix.
+
+Exit codes: 0 success, 1 an invariant was violated (or a fault survived),
+2 bad input (a malformed trace, an unknown target or fault).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def find_checkout() -> Path:
+    """The kvcheck checkout (it holds models/ and stateful_tests/), from here or from the package."""
+    here = Path.cwd().resolve()
+    package_root = Path(__file__).resolve().parents[1]
+    for candidate in (here, *here.parents, package_root):
+        if (candidate / "models" / "invariants.py").is_file() and (candidate / "stateful_tests").is_dir():
+            return candidate
+    raise SystemExit("kvcheck: cannot find the kvcheck checkout (models/, stateful_tests/); run it from there")
+
+
+def _bad_input(message: str) -> int:
+    print(f"kvcheck: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+# -- run ------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    from kvcheck.summary import SuiteSummary
+
+    checkout = find_checkout()
+    os.chdir(checkout)
+    pytest_args = ["stateful_tests", "regressions", "-q", "-p", "no:cacheprovider", f"--target={args.target}"]
+    if args.fault:
+        pytest_args.append(f"--fault={args.fault}")
+    if args.groups:
+        pytest_args.append(f"--groups={args.groups}")
+    if args.profile:
+        pytest_args.append(f"--hypothesis-profile={args.profile}")
+    summary = SuiteSummary(args.target, args.fault)
+    code = pytest.main(pytest_args, plugins=[summary])
+    for line in summary.lines():
+        print(line)
+    return EXIT_OK if code == 0 else EXIT_VIOLATION
+
+
+# -- replay and show -------------------------------------------------------------
+
+
+def _load(paths: Sequence[str]) -> list[tuple[str, object]] | int:
+    from kvcheck.trace import TraceError, load_trace
+
+    traces = []
+    for path in paths:
+        try:
+            traces.append((path, load_trace(path)))
+        except TraceError as exc:
+            return _bad_input(str(exc))
+    return traces
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from kvcheck.render import render
+    from kvcheck.replay import replay, resolve_target
+    from kvcheck.trace import Trace
+
+    try:
+        make_target = resolve_target(args.target, args.fault)
+    except ValueError as exc:
+        return _bad_input(str(exc))
+    loaded = _load(args.traces)
+    if isinstance(loaded, int):
+        return loaded
+    worst = EXIT_OK
+    for path, trace in loaded:
+        assert isinstance(trace, Trace)
+        outcome = replay(trace, make_target)
+        if outcome.violation is None:
+            print(f"{path}: {outcome.steps_run} steps, every invariant held")
+            continue
+        worst = EXIT_VIOLATION
+        print(f"{path}: FAILED at step {outcome.violation.step} of {len(trace.ops)}")
+        print(f"  {outcome.violation}".replace("\n", "\n  "))
+        last = outcome.checks[-1] if outcome.checks else None
+        if last is not None:
+            print("  state after the failing step (target):")
+            for line in list(render(type(outcome)([last]), ""))[2:-2]:
+                print("  " + line)
+    return worst
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from kvcheck.render import render
+    from kvcheck.replay import replay, resolve_target
+    from kvcheck.trace import Trace
+
+    try:
+        make_target = resolve_target(args.target, args.fault)
+    except ValueError as exc:
+        return _bad_input(str(exc))
+    loaded = _load([args.trace])
+    if isinstance(loaded, int):
+        return loaded
+    path, trace = loaded[0]
+    assert isinstance(trace, Trace)
+    outcome = replay(trace, make_target)
+    title = f"{path}: {trace.config.describe()}"
+    if trace.provenance:
+        title += f"\n{trace.provenance.source}: {trace.provenance.story}"
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    for line in render(outcome, title, color=color):
+        print(line)
+    return EXIT_OK if outcome.violation is None else EXIT_VIOLATION
+
+
+# -- promote ----------------------------------------------------------------------
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from kvcheck.corpus import Corpus
+
+    loaded = _load([args.trace])
+    if isinstance(loaded, int):
+        return loaded
+    _, trace = loaded[0]
+    corpus = Corpus(Path(args.corpus) if args.corpus else find_checkout() / "regressions" / "traces")
+    try:
+        message = corpus.promote(trace, args.name, args.story, datetime.date.today().isoformat())  # type: ignore[arg-type]
+    except ValueError as exc:
+        return _bad_input(str(exc))
+    print(message)
+    return EXIT_OK
+
+
+# -- faults and the kill matrix ---------------------------------------------------
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    from kvcheck.faults import FAULTS
+
+    width = max(map(len, FAULTS))
+    for name, fault in FAULTS.items():
+        print(f"{name:<{width}}  {fault.description}")
+    return EXIT_OK
+
+
+def cmd_kill_matrix(args: argparse.Namespace) -> int:
+    from kvcheck.faults import FAULTS
+    from kvcheck.kill_matrix import KillBudget, format_table, kill_matrix
+
+    if args.target != "kvcore":
+        return _bad_input(f"the kill matrix plants faults into kvcore; target {args.target!r} is not supported")
+    names = args.faults.split(",") if args.faults else list(FAULTS)
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        return _bad_input(f"unknown fault(s) {', '.join(unknown)}; see `kvcheck faults`")
+    budget = KillBudget(seeds=tuple(range(args.seeds)), runs_per_seed=args.runs)
+    results = kill_matrix(names, budget, Path(args.traces))
+    for line in format_table(results):
+        print(line)
+    Path(args.json).write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")
+    print(f"\nJSON: {args.json}; shrunk traces: {args.traces}/")
+    survivors = [r.fault for r in results if not r.killed]
+    if survivors:
+        print(f"NOT KILLED: {', '.join(survivors)}")
+        return EXIT_VIOLATION
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvcheck", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def target_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", default="kvcore", help="'kvcore' (default) or 'package.module:factory'")
+        p.add_argument("--fault", default=None, help="plant a catalogued fault into kvcore (see `kvcheck faults`)")
+
+    run = commands.add_parser("run", help="run the state machines and the regression corpus, with a summary")
+    target_options(run)
+    run.add_argument("--groups", type=int, default=None, help="fix the number of KV-cache groups")
+    run.add_argument("--profile", default=None, help="Hypothesis profile: dev, ci or thorough")
+    run.set_defaults(func=cmd_run)
+
+    rep = commands.add_parser("replay", help="replay traces, checking every invariant after every step")
+    rep.add_argument("traces", nargs="+", metavar="TRACE")
+    target_options(rep)
+    rep.set_defaults(func=cmd_replay)
+
+    show = commands.add_parser("show", help="render a trace step by step")
+    show.add_argument("trace", metavar="TRACE")
+    target_options(show)
+    show.set_defaults(func=cmd_show)
+
+    promote = commands.add_parser("promote", help="add a trace to the regression corpus")
+    promote.add_argument("trace", metavar="FAILED_TRACE")
+    promote.add_argument("--name", required=True, help="file name in the corpus (letters, digits, - and _)")
+    promote.add_argument("--story", required=True, help="one line: what broke and why it matters")
+    promote.add_argument("--corpus", default=None, help="corpus folder (default: regressions/traces)")
+    promote.set_defaults(func=cmd_promote)
+
+    faults = commands.add_parser("faults", help="list the fault catalogue")
+    faults.set_defaults(func=cmd_faults)
+
+    matrix = commands.add_parser("kill-matrix", help="run every fault against the suite and tabulate the kills")
+    matrix.add_argument("--target", default="kvcore")
+    matrix.add_argument("--faults", default=None, help="comma-separated subset of faults")
+    matrix.add_argument("--seeds", type=int, default=3, help="swarm seeds per fault (default 3)")
+    matrix.add_argument("--runs", type=int, default=3000, help="swarm runs per seed (default 3000)")
+    matrix.add_argument("--json", default="kill-matrix.json", help="where to write the results as JSON")
+    matrix.add_argument("--traces", default="repros/kill-matrix", help="where to write the shrunk traces")
+    matrix.set_defaults(func=cmd_kill_matrix)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    checkout = find_checkout()
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,300 @@
+"""How each catalogued fault is planted: functions that rewire one kvcore manager instance.
+
+Every ``plant_*`` function takes a freshly built :class:`kvcore.KVCacheManager`
+and replaces a method of *that instance's* pool, free queue, prefix-cache
+map, coordinator or single-type managers with a copy carrying one bug.
+Classes are never patched: where an object has ``__slots__`` (and so no
+instance dictionary) it is moved to a slot-free subclass of its own class,
+which changes that one object only.  The replacement code is written here,
+next to a comment that names the bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+import kvcore
+from kvcore.block import KVBlock
+from kvcore.blocks_math import ceil_div
+from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
+from kvcore.free_queue import FreeBlockQueue
+from kvcore.hashing import BlockHash
+from kvcore.managers import ChunkedLocalAttentionManager, FullAttentionManager, SlidingWindowManager
+from kvcore.managers.base import HitBlocks
+
+# -- seed faults -------------------------------------------------------------
+
+
+def plant_fifo_reuse_when_caching_off(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def free_blocks(blocks_in_eviction_order: Iterable[KVBlock]) -> None:
+        to_head, to_tail = [], []
+        for block in blocks_in_eviction_order:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                # The seed bug: `and` where `or not` was meant, so with caching
+                # off every freed block goes to the tail (FIFO reuse).
+                if block.block_hash is None and pool.enable_caching:
+                    to_head.append(block)
+                else:
+                    to_tail.append(block)
+        pool.free_queue.prepend_n(to_head)
+        pool.free_queue.append_n(to_tail)
+
+    pool.free_blocks = free_blocks  # type: ignore[method-assign]
+
+
+def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+
+    def allocate_new_computed_blocks(
+        request_id: str,
+        new_computed_blocks: tuple[list[KVBlock], ...],
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        if any(request_id in m.num_cached_blocks for m in coordinator.managers):
+            return
+        # The seed bug: each group takes its hit and then allocates for the
+        # external tokens before the next group has touched its own hit.
+        for group_manager, hit in zip(coordinator.managers, new_computed_blocks):
+            group_manager.add_local_computed_blocks(
+                request_id, hit, num_local_computed_tokens, num_external_computed_tokens
+            )
+            if num_external_computed_tokens > 0:
+                group_manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
+
+
+# -- the free queue ----------------------------------------------------------
+
+
+class _ForwardOnlyRemoveQueue(FreeBlockQueue):
+    """A free queue whose ``remove`` relinks the forward pointer only."""
+
+    __slots__ = ()
+
+    def remove(self, block: KVBlock) -> None:
+        prev, following = block.prev_free, block.next_free
+        if prev is None or following is None:
+            raise InvalidArgument("block", block.block_id, "is not in the free queue")
+        prev.next_free = following
+        # The bug: `following.prev_free = prev` is missing, so the backward
+        # walk from the tail still passes through the removed block.
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+
+def plant_queue_remove_drops_back_link(manager: kvcore.KVCacheManager) -> None:
+    manager.block_pool.free_queue.__class__ = _ForwardOnlyRemoveQueue
+
+
+# -- the block pool ----------------------------------------------------------
+
+
+def plant_touch_leaves_free_block_queued(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def touch(blocks: Iterable[KVBlock]) -> None:
+        for block in blocks:
+            if block.is_null:
+                continue
+            # The bug: the reference is taken, but a hit block that sat free
+            # (ref_cnt 0) is not removed from the free queue, so it can be
+            # handed out again while a request holds it.
+            block.ref_cnt += 1
+
+    pool.touch = touch  # type: ignore[method-assign]
+
+
+def plant_free_table_head_first(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def free_table(table: Sequence[KVBlock]) -> None:
+        # The bug: the table is passed in position order, so a request's
+        # head block (the shared prefix) is reused or evicted first.
+        pool.free_blocks(table)
+
+    pool.free_table = free_table  # type: ignore[method-assign]
+
+
+def plant_reset_counts_null_block_as_free(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def reset_prefix_cache() -> bool:
+        # The bug: the null block is counted as a free block, so "every block
+        # is free" is taken to mean num_blocks - 2 free blocks, and the cache
+        # is emptied while one block is still held.
+        if pool.free_queue.num_free < pool.num_blocks - 2:
+            return False
+        pool.cache.clear()
+        for block in pool.blocks:
+            block.block_hash = None
+        return True
+
+    pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+
+
+# -- the prefix-cache map ----------------------------------------------------
+
+
+def plant_reused_block_leaves_map_entry(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def get_new_blocks(n_blocks: int) -> list[KVBlock]:
+        if n_blocks < 0:
+            raise InvalidArgument("n_blocks", n_blocks, "must be >= 0")
+        if n_blocks > pool.free_queue.num_free:
+            raise OutOfBlocks(requested=n_blocks, available=pool.free_queue.num_free)
+        blocks = pool.free_queue.popleft_n(n_blocks)
+        for block in blocks:
+            # The bug: a reused cached block forgets its hash, but its entry
+            # stays in the prefix-cache map, pointing at a block that now
+            # holds other tokens.
+            block.block_hash = None
+            block.ref_cnt = 1
+        return blocks
+
+    pool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+
+
+def plant_evict_skips_held_blocks(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def evict_blocks(block_ids: Iterable[int]) -> None:
+        ids = list(block_ids)
+        for block_id in ids:
+            if not isinstance(block_id, int) or isinstance(block_id, bool) or not 0 <= block_id < pool.num_blocks:
+                raise UnknownBlock(block_id=block_id, num_blocks=pool.num_blocks)
+        for block_id in ids:
+            block = pool.blocks[block_id]
+            # The bug: only free blocks are evicted, on the theory that held
+            # ones are dealt with when freed; a block whose external load
+            # failed stays in the cache and is hit by the next request.
+            if block.block_hash is not None and block.ref_cnt == 0:
+                pool.cache.pop(block.block_hash, block.block_id)
+                block.block_hash = None
+
+    pool.evict_blocks = evict_blocks  # type: ignore[method-assign]
+
+
+# -- the single-type managers ------------------------------------------------
+
+
+class _CeilBoundFullManager(FullAttentionManager):
+    """Full attention whose hit scan rounds its token bound up to whole blocks."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: kvcore.BlockPool,
+        spec: kvcore.AttentionSpec,
+    ) -> tuple[HitBlocks, int]:
+        hit: HitBlocks = tuple([] for _ in group_ids)
+        # The bug: ceil_div where floor division was meant; a hit may now end
+        # past max_length (the num_tokens - 1 cap), e.g. on the last block of
+        # a block-aligned prompt.
+        for block_hash in block_hashes[: ceil_div(max_length, spec.block_size)]:
+            cached = pool.get_cached_block(block_hash, group_ids)
+            if cached is None:
+                break
+            for group_blocks, block in zip(hit, cached):
+                group_blocks.append(block)
+        return hit, len(hit[0]) * spec.block_size
+
+
+def plant_full_hit_rounds_up(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    for group_manager in coordinator.managers:
+        if type(group_manager) is FullAttentionManager:
+            group_manager.__class__ = _CeilBoundFullManager
+    # A hybrid coordinator looks hits up through the class it recorded per spec group.
+    spec_groups = getattr(coordinator, "spec_groups", None)
+    if spec_groups is not None:
+        coordinator.spec_groups = tuple(  # type: ignore[attr-defined]
+            attrs.evolve(g, manager_class=_CeilBoundFullManager) if g.manager_class is FullAttentionManager else g
+            for g in spec_groups
+        )
+
+
+def plant_sliding_window_skip_off_by_one(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            window = group_manager.spec.sliding_window
+
+            def num_skipped_tokens(num_computed_tokens: int, window: int = window) -> int:
+                # The bug: the window of the next token is taken to start at
+                # n - W instead of n - W + 1, so a block that left every
+                # window is kept one step too long.
+                return max(0, num_computed_tokens - window)
+
+            group_manager.num_skipped_tokens = num_skipped_tokens  # type: ignore[method-assign]
+
+
+def plant_chunked_local_skip_uses_last_token(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, ChunkedLocalAttentionManager):
+            chunk = group_manager.spec.attention_chunk_size
+
+            def num_skipped_tokens(num_computed_tokens: int, chunk: int = chunk) -> int:
+                # The bug: the boundary is the chunk of the last computed
+                # token (n - 1), not of the next token (n); when n ends a
+                # chunk, the finished chunk's blocks are not freed.
+                return max(0, (num_computed_tokens - 1) // chunk * chunk)
+
+            group_manager.num_skipped_tokens = num_skipped_tokens  # type: ignore[method-assign]
+
+
+# -- the coordinator ---------------------------------------------------------
+
+
+def plant_hybrid_hit_takes_max(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    spec_groups = getattr(coordinator, "spec_groups", None)
+    if spec_groups is None:
+        return  # one group or no caching: there is nothing to combine
+
+    def find_longest_cache_hit(block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        hit_blocks: list[list[KVBlock]] = [[] for _ in coordinator.managers]
+        hit_length = 0
+        for spec_group in spec_groups:
+            blocks, length = spec_group.manager_class.find_longest_cache_hit(
+                block_hashes, max_length, spec_group.group_ids, coordinator.pool, spec_group.spec
+            )
+            for group_id, group_blocks in zip(spec_group.group_ids, blocks):
+                hit_blocks[group_id] = group_blocks
+            # The bug: the groups' hits are combined with max, not min: the
+            # hit is the longest prefix *some* group accepts.
+            hit_length = max(hit_length, length)
+        return tuple(hit_blocks), hit_length
+
+    coordinator.find_longest_cache_hit = find_longest_cache_hit  # type: ignore[method-assign]
+
+
+def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    count_blocks = coordinator.num_blocks_to_allocate
+
+    def num_blocks_to_allocate(
+        request_id: str, num_tokens: int, new_computed_blocks: HitBlocks, total_computed_tokens: int
+    ) -> int:
+        is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
+        if is_new and any(new_computed_blocks):
+            # The bug: the local hit is taken (touched and entered in the
+            # tables) while the blocks are counted, before the admission
+            # decision; a refused step keeps it.
+            coordinator.allocate_new_computed_blocks(request_id, new_computed_blocks, total_computed_tokens, 0)
+        return count_blocks(request_id, num_tokens, new_computed_blocks, total_computed_tokens)
+
+    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

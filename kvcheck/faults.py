@@ -1,0 +1,117 @@
+"""The fault catalogue: realistic allocator bugs, planted into a kvcore manager from outside.
+
+A fault patches one instance of :class:`kvcore.KVCacheManager` (its pool,
+coordinator or managers) right after construction; kvcore itself carries no
+switch for it.  Each fault is a bug an allocator engineer could plausibly
+write; together they prove the suite catches the classes of bug it exists
+for (the kill matrix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+import kvcore
+from kvcheck import fault_plants as plants
+from kvcheck.config import TargetConfig
+from kvcheck.targets.kvcore_target import KvcoreTarget
+
+
+@attrs.frozen
+class Fault:
+    """A named bug: ``plant`` rewires one manager instance to carry it."""
+
+    name: str
+    description: str
+    plant: Callable[[kvcore.KVCacheManager], None]
+
+    def make_manager(self, config: kvcore.KVCacheConfig) -> kvcore.KVCacheManager:
+        manager = kvcore.KVCacheManager(config)
+        self.plant(manager)
+        return manager
+
+    def kvcore_target(self, config: TargetConfig) -> KvcoreTarget:
+        """A kvcore target whose manager carries this fault."""
+        return KvcoreTarget(config, manager_factory=self.make_manager)
+
+
+FAULTS: dict[str, Fault] = {
+    fault.name: fault
+    for fault in (
+        Fault(
+            "fifo-reuse-when-caching-off",
+            "free_blocks routes freed blocks by `hash is None and caching_on`: with caching off, reuse turns FIFO",
+            plants.plant_fifo_reuse_when_caching_off,
+        ),
+        Fault(
+            "interleaved-external-alloc",
+            "each group allocates for external tokens before the next group touches its hit (cross-group double "
+            "allocation)",
+            plants.plant_interleaved_external_alloc,
+        ),
+        Fault(
+            "queue-remove-drops-back-link",
+            "FreeBlockQueue.remove relinks only the forward pointer: the backward walk still passes the removed block",
+            plants.plant_queue_remove_drops_back_link,
+        ),
+        Fault(
+            "touch-leaves-free-block-queued",
+            "touch raises a free hit block's ref_cnt but leaves it in the free queue, so it can be handed out again",
+            plants.plant_touch_leaves_free_block_queued,
+        ),
+        Fault(
+            "free-table-head-first",
+            "free_table frees a request's blocks in position order: its head (shared prefix) is evicted first",
+            plants.plant_free_table_head_first,
+        ),
+        Fault(
+            "reset-counts-null-block-as-free",
+            "reset_prefix_cache counts the null block as free and empties the cache while one block is held",
+            plants.plant_reset_counts_null_block_as_free,
+        ),
+        Fault(
+            "reused-block-leaves-map-entry",
+            "allocating a cached free block clears its hash but leaves its prefix-cache map entry behind",
+            plants.plant_reused_block_leaves_map_entry,
+        ),
+        Fault(
+            "evict-skips-held-blocks",
+            "evict_blocks drops only free blocks' cache entries: a held block whose load failed stays hittable",
+            plants.plant_evict_skips_held_blocks,
+        ),
+        Fault(
+            "full-hit-rounds-up",
+            "the full-attention hit scan is bounded by ceil_div(max_length): a hit can pass the num_tokens - 1 cap",
+            plants.plant_full_hit_rounds_up,
+        ),
+        Fault(
+            "sliding-window-skip-off-by-one",
+            "the sliding window skips n - W tokens instead of n - W + 1: a block that left the window is kept",
+            plants.plant_sliding_window_skip_off_by_one,
+        ),
+        Fault(
+            "chunked-local-skip-uses-last-token",
+            "chunked local attention skips up to the chunk of token n - 1, not n: a finished chunk is not freed",
+            plants.plant_chunked_local_skip_uses_last_token,
+        ),
+        Fault(
+            "hybrid-hit-takes-max",
+            "the hybrid coordinator combines the groups' hit lengths with max instead of min",
+            plants.plant_hybrid_hit_takes_max,
+        ),
+        Fault(
+            "hit-taken-before-admission",
+            "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
+            plants.plant_hit_taken_before_admission,
+        ),
+    )
+}
+
+
+def get_fault(name: str) -> Fault:
+    try:
+        return FAULTS[name]
+    except KeyError:
+        raise ValueError(f"unknown fault {name!r}; known faults: {', '.join(sorted(FAULTS))}") from None

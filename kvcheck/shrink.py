@@ -1,0 +1,182 @@
+"""Shrinking a failing run to a minimal one that fails the same way.
+
+A candidate is kept when replaying it from scratch raises a violation of
+the same invariant; any other outcome (a clean run, an operation the target
+rejects) discards it.  Passes repeat until none makes progress: delete
+operations, simplify their arguments, simplify the configuration, and
+finally rename requests in order of appearance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from kvcheck.config import TargetConfig
+from kvcheck.lockstep import Lockstep
+from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule
+from kvcheck.swarm import Failure
+from kvcheck.targets import TargetFactory
+from models.invariants import InvariantViolation
+
+Ops = tuple[Operation, ...]
+
+
+def replay_violation(make_target: TargetFactory, config: TargetConfig, ops: Ops) -> InvariantViolation | None:
+    """The violation replaying ``ops`` raises, or ``None`` (also when an operation is rejected)."""
+    try:
+        lockstep = Lockstep(make_target, config)
+        for op in ops:
+            lockstep.step(op)
+    except InvariantViolation as violation:
+        return violation
+    except Exception:  # a candidate the target rejects is simply not kept
+        return None
+    return None
+
+
+def _op_simplifications(op: Operation) -> Iterator[Operation]:
+    if isinstance(op, Schedule):
+        if op.num_external_tokens:
+            yield attrs.evolve(op, num_external_tokens=0)
+            yield attrs.evolve(op, num_external_tokens=op.num_external_tokens - 1)
+        for smaller in (1, op.num_new_tokens // 2, op.num_new_tokens - 1):
+            if 1 <= smaller < op.num_new_tokens:
+                yield attrs.evolve(op, num_new_tokens=smaller)
+        if op.sampled_token:
+            yield attrs.evolve(op, sampled_token=0)
+    elif isinstance(op, AddRequest):
+        for index in range(len(op.prompt) - 1, -1, -1):
+            if len(op.prompt) > 1:
+                yield attrs.evolve(op, prompt=op.prompt[:index] + op.prompt[index + 1 :])
+        for index, token in enumerate(op.prompt):
+            if token:
+                yield attrs.evolve(op, prompt=(*op.prompt[:index], 0, *op.prompt[index + 1 :]))
+    elif isinstance(op, EvictBlocks) and len(op.block_ids) > 1:
+        for index in range(len(op.block_ids)):
+            yield attrs.evolve(op, block_ids=op.block_ids[:index] + op.block_ids[index + 1 :])
+
+
+def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
+    if len(config.groups) > 1:
+        for index in range(len(config.groups)):
+            yield attrs.evolve(config, groups=config.groups[:index] + config.groups[index + 1 :])
+    for smaller in (4, config.num_blocks // 2, config.num_blocks - 1):
+        if 2 <= smaller < config.num_blocks:
+            yield attrs.evolve(config, num_blocks=smaller)
+    for index, group in enumerate(config.groups):
+        if group.window is not None:
+            step = config.block_size if group.kind == "chunked_local" else 1
+            floor = config.block_size if group.kind == "chunked_local" else 2
+            for window in (floor, group.window - step):
+                if floor <= window < group.window:
+                    smaller_group = attrs.evolve(group, window=window)
+                    yield attrs.evolve(
+                        config, groups=(*config.groups[:index], smaller_group, *config.groups[index + 1 :])
+                    )
+        if group.kind != "full":
+            full = attrs.evolve(group, kind="full", window=None)
+            yield attrs.evolve(config, groups=(*config.groups[:index], full, *config.groups[index + 1 :]))
+
+
+def _rename_requests(ops: Ops) -> Ops:
+    names: dict[str, str] = {}
+    for op in ops:
+        if isinstance(op, AddRequest):
+            names.setdefault(op.request_id, f"r{len(names)}")
+    renamed = []
+    for op in ops:
+        request_id = getattr(op, "request_id", None)
+        renamed.append(attrs.evolve(op, request_id=names[request_id]) if request_id in names else op)
+    return tuple(renamed)
+
+
+def _request_ids(ops: Ops) -> list[str]:
+    return [op.request_id for op in ops if isinstance(op, AddRequest)]
+
+
+def _without_request(ops: Ops, request_id: str) -> Ops:
+    return tuple(op for op in ops if getattr(op, "request_id", None) != request_id)
+
+
+def _merge_request(ops: Ops, gone: str, into: str) -> Ops:
+    """``gone``'s arrival dropped and its later operations addressed to ``into`` instead."""
+    merged = []
+    for op in ops:
+        if isinstance(op, AddRequest) and op.request_id == gone:
+            continue
+        merged.append(attrs.evolve(op, request_id=into) if getattr(op, "request_id", None) == gone else op)
+    return tuple(merged)
+
+
+def shrink(make_target: TargetFactory, failure: Failure, max_attempts: int = 20_000) -> Failure:
+    """A minimal failure of the same invariant as ``failure``."""
+    invariant = failure.violation.invariant
+    config, ops, violation = failure.config, failure.ops, failure.violation
+    attempts = 0
+
+    def accept(candidate_config: TargetConfig, candidate_ops: Ops) -> bool:
+        nonlocal config, ops, violation, attempts
+        attempts += 1
+        found = replay_violation(make_target, candidate_config, candidate_ops)
+        if found is None or found.invariant != invariant:
+            return False
+        # Everything after the failing step is dead weight.
+        config, ops, violation = candidate_config, candidate_ops[: found.step], found
+        return True
+
+    passes: list[Callable[[], bool]] = []
+
+    def delete_ops() -> bool:
+        progress = False
+        size = max(1, len(ops) // 2)
+        while size >= 1:
+            index = 0
+            while index < len(ops) and attempts < max_attempts:
+                if accept(config, ops[:index] + ops[index + size :]):
+                    progress = True
+                else:
+                    index += 1
+            size //= 2
+        return progress
+
+    def drop_requests() -> bool:
+        for request_id in _request_ids(ops):
+            if attempts >= max_attempts:
+                return False
+            if accept(config, _without_request(ops, request_id)):
+                return True
+        for gone in _request_ids(ops):
+            for into in _request_ids(ops):
+                if gone != into and attempts < max_attempts and accept(config, _merge_request(ops, gone, into)):
+                    return True
+        return False
+
+    def simplify_ops() -> bool:
+        progress = False
+        for index in range(len(ops)):
+            for simpler in _op_simplifications(ops[index]) if index < len(ops) else ():
+                if attempts >= max_attempts:
+                    return progress
+                if accept(config, (*ops[:index], simpler, *ops[index + 1 :])):
+                    progress = True
+                    break
+        return progress
+
+    def simplify_config() -> bool:
+        for simpler in _config_simplifications(config):
+            if attempts >= max_attempts:
+                return False
+            if simpler.block_size == config.block_size and accept(simpler.validate(), ops):
+                return True
+        return False
+
+    passes = [delete_ops, drop_requests, simplify_ops, simplify_config]
+    while attempts < max_attempts and any([p() for p in passes]):
+        pass
+    renamed = _rename_requests(ops)
+    final = replay_violation(make_target, config, renamed)
+    if final is not None and final.invariant == invariant:
+        ops, violation = renamed, final
+    return Failure(config, ops, violation)

@@ -1,0 +1,50 @@
+"""A pytest plugin that ends `kvcheck run` with a readable summary."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kvcheck.lockstep import Lockstep
+
+
+class SuiteSummary:
+    """Collects each test's outcome and time, the steps driven and the coverage labels reached."""
+
+    def __init__(self, target: str, fault: str | None) -> None:
+        self.target = target
+        self.fault = fault
+        self.results: list[tuple[str, str, float]] = []
+        self.started = time.perf_counter()
+        self.steps_before = Lockstep.total_steps
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.results.append((report.nodeid, report.outcome, report.duration))
+
+    def lines(self) -> list[str]:
+        from stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
+
+        seconds = time.perf_counter() - self.started
+        steps = Lockstep.total_steps - self.steps_before
+        under = f" with fault {self.fault}" if self.fault else ""
+        out = ["", f"kvcheck summary: target {self.target}{under}"]
+        groups: dict[str, list[tuple[str, float]]] = {}
+        for nodeid, outcome, duration in self.results:
+            groups.setdefault(nodeid.split("::")[0], []).append((outcome, duration))
+        width = max((len(name) for name in groups), default=10)
+        for name, outcomes in groups.items():
+            passed = sum(1 for o, _ in outcomes if o == "passed")
+            failed = sum(1 for o, _ in outcomes if o == "failed")
+            status = "ok" if not failed else "FAILED"
+            spent = sum(d for _, d in outcomes)
+            out.append(f"  {name:<{width}}  {status:<6}  {passed} passed, {failed} failed  {spent:6.1f}s")
+        reached = [label for label in ALL_LABELS if LABELS_SEEN[label]]
+        out.append(f"  lockstep steps driven: {steps:,} in {seconds:.1f}s ({steps / max(seconds, 1e-9):,.0f}/s)")
+        out.append(f"  coverage labels reached: {len(reached)}/{len(ALL_LABELS)}")
+        for label in ALL_LABELS:
+            out.append(f"    {'x' if LABELS_SEEN[label] else ' '} {label} ({LABELS_SEEN[label]})")
+        failed_tests = [nodeid for nodeid, outcome, _ in self.results if outcome == "failed"]
+        out.append("  verdict: " + ("every invariant held" if not failed_tests else f"{len(failed_tests)} failing"))
+        return out

@@ -1,0 +1,150 @@
+"""The swarm driver: random operations at full speed, with per-run rule subsets (swarm testing).
+
+It drives the same Lockstep (target, model, invariants) as the state
+machines, without Hypothesis's engine in the loop, so it runs many times
+more steps per second.  Each run draws a configuration and a random subset
+of operation kinds with random weights, which reaches deep states (a warm
+pool, a long conversation) that uniform rule choice rarely does.  A failing
+run is shrunk by :mod:`kvcheck.shrink`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import attrs
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.lockstep import Lockstep
+from kvcheck.ops import (
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+)
+from kvcheck.targets import TargetFactory
+from models.invariants import InvariantViolation
+
+OP_KINDS = ("add", "follow_up", "fill_pool", "schedule", "finish", "preempt", "failed_load", "evict", "reset")
+MAX_LIVE_REQUESTS = 6
+TOKEN_ALPHABET = 3
+
+
+def random_config(rng: random.Random, num_groups: int | None = None) -> TargetConfig:
+    """A small pool (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed kinds."""
+    block_size = rng.choice([1, 1, 1, 2, 3, 4])
+    groups = []
+    for _ in range(num_groups or rng.randint(1, 4)):
+        kind = rng.choice(["full", "sliding_window", "chunked_local"])
+        if kind == "sliding_window":
+            groups.append(GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size)))
+        elif kind == "chunked_local":
+            groups.append(GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16]))))
+        else:
+            groups.append(GroupSpec(kind))
+    return TargetConfig(rng.randint(4, 32), block_size, tuple(groups), rng.random() < 0.5)
+
+
+@attrs.frozen
+class Failure:
+    """A run that broke an invariant: its configuration, the operations up to the failing one, and why."""
+
+    config: TargetConfig
+    ops: tuple[Operation, ...]
+    violation: InvariantViolation
+
+
+@attrs.define
+class SwarmReport:
+    runs: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    failure: Failure | None = None
+
+
+class _Run:
+    def __init__(self, rng: random.Random, lockstep: Lockstep) -> None:
+        self.rng = rng
+        self.lockstep = lockstep
+        self.next_id = 0
+        enabled = [kind for kind in OP_KINDS if rng.random() < 0.6] or ["schedule"]
+        enabled = sorted(set(enabled) | {"add", "schedule"}, key=OP_KINDS.index)
+        self.kinds = enabled
+        self.weights = [rng.random() + 0.05 for _ in enabled]
+
+    def prompt(self) -> tuple[int, ...]:
+        return tuple(self.rng.randrange(TOKEN_ALPHABET) for _ in range(self.rng.randint(1, 8)))
+
+    def new_id(self) -> str:
+        self.next_id += 1
+        return f"r{self.next_id - 1}"
+
+    def next_ops(self) -> list[Operation]:
+        """The operations of one random step (a next turn is a finish and an add)."""
+        rng, model = self.rng, self.lockstep.model
+        live = list(model.requests)
+        kind = rng.choices(self.kinds, self.weights)[0]
+        if kind in ("add", "follow_up", "fill_pool") and len(live) >= MAX_LIVE_REQUESTS:
+            kind = "schedule"
+        if not live and kind not in ("add", "fill_pool", "reset"):
+            kind = "add"
+        if kind == "add":
+            return [AddRequest(self.new_id(), self.prompt())]
+        if kind == "follow_up":
+            source = rng.choice(live)
+            prompt = (*model.requests[source].tokens, *self.prompt())
+            ops: list[Operation] = [Finish(source)] if rng.random() < 0.5 else []
+            return [*ops, AddRequest(self.new_id(), prompt)]
+        if kind == "fill_pool":
+            per_group = max(1, len(model.pool.free_order) // len(model.groups))
+            token = rng.randrange(TOKEN_ALPHABET)
+            return [AddRequest(self.new_id(), (token,) * (per_group * model.block_size))]
+        if kind == "schedule":
+            new_tokens = rng.randint(1, rng.choice([4, 32]))
+            external = rng.choice([0, rng.randint(1, 8)])
+            return [Schedule(rng.choice(live), new_tokens, external, rng.randrange(TOKEN_ALPHABET))]
+        if kind == "finish":
+            return [Finish(rng.choice(live))]
+        if kind == "preempt":
+            return [Preempt(rng.choice(live))]
+        if kind == "failed_load":
+            return [FailedLoad(rng.choice(live))]
+        if kind == "evict" and model.pool.cache:
+            cached = sorted(model.pool.cache)
+            return [EvictBlocks(tuple(rng.sample(cached, rng.randint(1, min(3, len(cached))))))]
+        return [ResetPrefixCache()]
+
+
+def swarm(
+    make_target: TargetFactory,
+    *,
+    seed: int = 0,
+    max_runs: int = 1000,
+    steps_per_run: int = 40,
+    max_seconds: float | None = None,
+    num_groups: int | None = None,
+) -> SwarmReport:
+    """Run random operation sequences until one breaks an invariant or the budget is spent."""
+    rng = random.Random(seed)
+    report = SwarmReport()
+    start = time.perf_counter()
+    while report.runs < max_runs and (max_seconds is None or time.perf_counter() - start < max_seconds):
+        report.runs += 1
+        config = random_config(rng, num_groups)
+        lockstep = Lockstep(make_target, config)
+        run = _Run(rng, lockstep)
+        try:
+            while len(lockstep.trace) < steps_per_run:
+                for op in run.next_ops():
+                    report.steps += 1
+                    lockstep.step(op)
+        except InvariantViolation as violation:
+            report.failure = Failure(config, tuple(lockstep.trace), violation)
+            break
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,252 @@
+"""Traces: portable, versioned JSON records of a run, and their strict loading.
+
+A trace holds the target configuration, the operations in order, an
+optional expectation (it fails with a named invariant when a named fault is
+planted) and optional provenance (where it came from, when, and its story).
+Traces are data: they are parsed with ``json`` and checked field by field;
+nothing in them is evaluated or unpickled.  A malformed trace raises
+:class:`TraceError`, which names the file, the step and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvcheck.config import ConfigError, GroupSpec, TargetConfig
+from kvcheck.ops import (
+    OPERATION_TYPES,
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    Operation,
+    Preempt,
+    Schedule,
+    op_to_json,
+)
+
+FORMAT = "kvcheck-trace"
+VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
+
+
+@attrs.define(auto_exc=True, str=False)
+class TraceError(ValueError):
+    """A trace file is malformed: ``where`` names the file, ``step`` the operation index, ``field`` the field."""
+
+    where: str
+    step: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        parts = [self.where]
+        if self.step is not None:
+            parts.append(f"step {self.step}")
+        if self.field is not None:
+            parts.append(f"field '{self.field}'")
+        return ": ".join(parts) + f": {self.message}"
+
+
+@attrs.frozen
+class Expectation:
+    """The trace fails with ``invariant`` when ``fault`` is planted into kvcore (and passes without it)."""
+
+    invariant: str
+    fault: str | None = None
+
+
+@attrs.frozen
+class Provenance:
+    """Where a trace came from: ``source`` is ``fault:NAME`` or ``finding:NAME``."""
+
+    source: str
+    date: str
+    story: str
+
+
+@attrs.frozen
+class Trace:
+    config: TargetConfig
+    ops: tuple[Operation, ...]
+    expect: Expectation | None = None
+    provenance: Provenance | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "config": self.config.to_json(),
+        }
+        if self.provenance is not None:
+            document["provenance"] = attrs.asdict(self.provenance)
+        if self.expect is not None:
+            document["expect"] = {"fails": self.expect.invariant, "fault": self.expect.fault}
+        document["ops"] = [op_to_json(op) for op in self.ops]
+        return document
+
+    def dumps(self) -> str:
+        """The trace as JSON text, one operation per line."""
+        document = self.to_json()
+        ops = document.pop("ops")
+        head = json.dumps(document, indent=2)
+        lines = ",\n".join("    " + json.dumps(op) for op in ops)
+        return head[:-2] + ',\n  "ops": [\n' + lines + "\n  ]\n}\n"
+
+
+# -- loading ------------------------------------------------------------------
+
+_INT_FIELDS_MIN = {"num_new_tokens": 1, "num_external_tokens": 0, "sampled_token": 0}
+
+
+class _Reader:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, message: str, step: int | None = None, field: str | None = None) -> TraceError:
+        return TraceError(self.where, step, field, message)
+
+    def object(self, value: object, field: str, step: int | None = None) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(f"expected an object, got {type(value).__name__} {value!r}", step, field)
+        return value
+
+    def keys(
+        self, value: dict[str, Any], required: set[str], optional: set[str], field: str | None, step: int | None = None
+    ) -> None:
+        prefix = f"{field}." if field else ""
+        for key in sorted(required - value.keys()):
+            raise self.fail("missing", step, prefix + key)
+        for key in sorted(value.keys() - required - optional):
+            raise self.fail(
+                f"unknown field (expected one of: {', '.join(sorted(required | optional))})", step, prefix + key
+            )
+
+    def integer(self, value: object, field: str, minimum: int, step: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.fail(f"expected an integer, got {type(value).__name__} {value!r}", step, field)
+        if value < minimum:
+            raise self.fail(f"must be >= {minimum}, got {value}", step, field)
+        return value
+
+    def string(self, value: object, field: str, step: int | None = None) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"expected a non-empty string, got {value!r}", step, field)
+        return value
+
+    def int_list(self, value: object, field: str, minimum: int, step: int | None = None) -> tuple[int, ...]:
+        if not isinstance(value, list) or not value:
+            raise self.fail(f"expected a non-empty list of integers, got {value!r}", step, field)
+        return tuple(self.integer(item, f"{field}[{i}]", minimum, step) for i, item in enumerate(value))
+
+    def config(self, value: object) -> TargetConfig:
+        raw = self.object(value, "config")
+        self.keys(raw, {"num_blocks", "block_size", "enable_caching", "groups"}, set(), "config")
+        groups_raw = raw["groups"]
+        if not isinstance(groups_raw, list):
+            raise self.fail(f"expected a list, got {groups_raw!r}", None, "config.groups")
+        groups = []
+        for index, group in enumerate(groups_raw):
+            field = f"config.groups[{index}]"
+            group = self.object(group, field)
+            self.keys(group, {"kind"}, {"window"}, field)
+            groups.append(GroupSpec(group["kind"], group.get("window")))
+        config = TargetConfig(raw["num_blocks"], raw["block_size"], tuple(groups), raw["enable_caching"])
+        try:
+            return config.validate()
+        except ConfigError as exc:
+            field, _, message = str(exc).partition(": ")
+            raise self.fail(message, None, "config." + field.split("=")[0]) from None
+
+    def op(self, value: object, step: int) -> Operation:
+        raw = self.object(value, "op", step)
+        name = raw.get("op")
+        if name not in OPERATION_TYPES:
+            raise self.fail(f"unknown operation {name!r} (known: {', '.join(OPERATION_TYPES)})", step, "op")
+        cls = OPERATION_TYPES[name]
+        fields = {a.name for a in attrs.fields(cls)}
+        self.keys(raw, fields | {"op"}, set(), None, step)
+        kwargs: dict[str, Any] = {}
+        for field in fields:
+            item = raw[field]
+            if field == "request_id":
+                kwargs[field] = self.string(item, field, step)
+            elif field == "prompt" or field == "block_ids":
+                kwargs[field] = self.int_list(item, field, 0, step)
+            else:
+                kwargs[field] = self.integer(item, field, _INT_FIELDS_MIN[field], step)
+        return cls(**kwargs)
+
+    def check_references(self, ops: list[Operation], config: TargetConfig) -> None:
+        live: set[str] = set()
+        for step, op in enumerate(ops):
+            if isinstance(op, AddRequest):
+                if op.request_id in live:
+                    raise self.fail(f"request {op.request_id!r} is added twice", step, "request_id")
+                live.add(op.request_id)
+            elif isinstance(op, Schedule | Finish | Preempt | FailedLoad):
+                if op.request_id not in live:
+                    raise self.fail(
+                        f"unknown request {op.request_id!r} (not added, or already finished)", step, "request_id"
+                    )
+                if isinstance(op, Finish):
+                    live.discard(op.request_id)
+            elif isinstance(op, EvictBlocks):
+                for index, block_id in enumerate(op.block_ids):
+                    if block_id >= config.num_blocks:
+                        raise self.fail(
+                            f"block {block_id} does not exist in a pool of {config.num_blocks}",
+                            step,
+                            f"block_ids[{index}]",
+                        )
+
+
+def parse_trace(text: str, where: str = "<trace>") -> Trace:
+    """Parse and validate trace text; raises :class:`TraceError` naming what is wrong."""
+    reader = _Reader(where)
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise reader.fail(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    document = reader.object(document, "(top level)")
+    reader.keys(document, {"format", "version", "config", "ops"}, {"expect", "provenance"}, None)
+    if document["format"] != FORMAT:
+        raise reader.fail(f"expected {FORMAT!r}, got {document['format']!r}", None, "format")
+    if document["version"] != VERSION:
+        raise reader.fail(
+            f"unsupported version {document['version']!r}; this kvcheck reads version {VERSION}", None, "version"
+        )
+    config = reader.config(document["config"])
+    ops_raw = document["ops"]
+    if not isinstance(ops_raw, list):
+        raise reader.fail(f"expected a list of operations, got {type(ops_raw).__name__}", None, "ops")
+    ops = [reader.op(item, step) for step, item in enumerate(ops_raw)]
+    reader.check_references(ops, config)
+    expect = None
+    if "expect" in document:
+        raw = reader.object(document["expect"], "expect")
+        reader.keys(raw, {"fails"}, {"fault"}, "expect")
+        fault = raw.get("fault")
+        if fault is not None:
+            reader.string(fault, "expect.fault")
+        expect = Expectation(reader.string(raw["fails"], "expect.fails"), fault)
+    provenance = None
+    if "provenance" in document:
+        raw = reader.object(document["provenance"], "provenance")
+        reader.keys(raw, {"source", "date", "story"}, set(), "provenance")
+        provenance = Provenance(*(reader.string(raw[k], f"provenance.{k}") for k in ("source", "date", "story")))
+    return Trace(config, tuple(ops), expect, provenance)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read and validate a trace file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TraceError(str(path), None, None, f"cannot read: {exc.strerror}") from None
+    return parse_trace(text, str(path))
