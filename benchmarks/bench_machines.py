@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import lockstep
+from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
 from stateful_tests.manager_machine import manager_machine
 
@@ -68,6 +69,15 @@ def main() -> None:
     print(f"  all invariants checked: {best[True]:10,.0f} steps/s")
     print(f"  checks off:             {best[False]:10,.0f} steps/s")
     print(f"  checked / unchecked:    {best[True] / best[False]:10.2f}")
+    swarm_best: dict[bool, float] = {}
+    for _ in range(args.repeats):
+        for check in (True, False):
+            report = swarm(load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check)
+            swarm_best[check] = max(swarm_best.get(check, 0.0), report.steps / report.seconds)
+    print(f"swarm driver, kvcore, {args.examples} runs x {args.steps} steps, best of {args.repeats}")
+    print(f"  all invariants checked: {swarm_best[True]:10,.0f} steps/s")
+    print(f"  checks off:             {swarm_best[False]:10,.0f} steps/s")
+    print(f"  checked / unchecked:    {swarm_best[True] / swarm_best[False]:10.2f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """How each catalogued fault is planted: functions that rewire one kvcore manager instance.
 
 Every ``plant_*`` function takes a freshly built :class:`kvcore.KVCacheManager`
-and replaces a method of *that instance's* pool, free queue, prefix-cache
-map, coordinator or single-type managers with a copy carrying one bug.
-Classes are never patched: where an object has ``__slots__`` (and so no
-instance dictionary) it is moved to a slot-free subclass of its own class,
-which changes that one object only.  The replacement code is written here,
-next to a comment that names the bug.
+and replaces a method of *that instance's* block pool, coordinator or
+single-type managers with a copy carrying one bug.
+Classes are never patched: where the behaviour is looked up through the
+class (a classmethod a coordinator calls on the recorded manager class), the
+one object is moved to a subclass of its own class, and the coordinator's
+record of it updated.  The replacement code is written here, next to a
+comment that names the bug.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import kvcore
 from kvcore.block import KVBlock
 from kvcore.blocks_math import ceil_div
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
-from kvcore.free_queue import FreeBlockQueue
 from kvcore.hashing import BlockHash
 from kvcore.managers import ChunkedLocalAttentionManager, FullAttentionManager, SlidingWindowManager
 from kvcore.managers.base import HitBlocks
@@ -74,30 +74,7 @@ def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
 
 
-# -- the free queue ----------------------------------------------------------
-
-
-class _ForwardOnlyRemoveQueue(FreeBlockQueue):
-    """A free queue whose ``remove`` relinks the forward pointer only."""
-
-    __slots__ = ()
-
-    def remove(self, block: KVBlock) -> None:
-        prev, following = block.prev_free, block.next_free
-        if prev is None or following is None:
-            raise InvalidArgument("block", block.block_id, "is not in the free queue")
-        prev.next_free = following
-        # The bug: `following.prev_free = prev` is missing, so the backward
-        # walk from the tail still passes through the removed block.
-        block.prev_free = block.next_free = None
-        self.num_free -= 1
-
-
-def plant_queue_remove_drops_back_link(manager: kvcore.KVCacheManager) -> None:
-    manager.block_pool.free_queue.__class__ = _ForwardOnlyRemoveQueue
-
-
-# -- the block pool ----------------------------------------------------------
+# -- the free queue and the block pool ---------------------------------------
 
 
 def plant_touch_leaves_free_block_queued(manager: kvcore.KVCacheManager) -> None:
@@ -126,14 +103,15 @@ def plant_free_table_head_first(manager: kvcore.KVCacheManager) -> None:
     pool.free_table = free_table  # type: ignore[method-assign]
 
 
-def plant_reset_counts_null_block_as_free(manager: kvcore.KVCacheManager) -> None:
+def plant_reset_discounts_null_block_twice(manager: kvcore.KVCacheManager) -> None:
     pool = manager.block_pool
 
     def reset_prefix_cache() -> bool:
-        # The bug: the null block is counted as a free block, so "every block
-        # is free" is taken to mean num_blocks - 2 free blocks, and the cache
-        # is emptied while one block is still held.
-        if pool.free_queue.num_free < pool.num_blocks - 2:
+        num_used_blocks = pool.num_blocks - 1 - pool.free_queue.num_free
+        # The bug: "the null block is always in use" is allowed for here, but
+        # it was already left out above; one held block slips through and the
+        # cache is emptied under it.
+        if num_used_blocks > 1:
             return False
         pool.cache.clear()
         for block in pool.blocks:

@@ -52,11 +52,6 @@ FAULTS: dict[str, Fault] = {
             plants.plant_interleaved_external_alloc,
         ),
         Fault(
-            "queue-remove-drops-back-link",
-            "FreeBlockQueue.remove relinks only the forward pointer: the backward walk still passes the removed block",
-            plants.plant_queue_remove_drops_back_link,
-        ),
-        Fault(
             "touch-leaves-free-block-queued",
             "touch raises a free hit block's ref_cnt but leaves it in the free queue, so it can be handed out again",
             plants.plant_touch_leaves_free_block_queued,
@@ -67,9 +62,9 @@ FAULTS: dict[str, Fault] = {
             plants.plant_free_table_head_first,
         ),
         Fault(
-            "reset-counts-null-block-as-free",
-            "reset_prefix_cache counts the null block as free and empties the cache while one block is held",
-            plants.plant_reset_counts_null_block_as_free,
+            "reset-discounts-null-block-twice",
+            "reset_prefix_cache discounts the null block twice and empties the cache under one held block",
+            plants.plant_reset_discounts_null_block_twice,
         ),
         Fault(
             "reused-block-leaves-map-entry",
@@ -83,17 +78,17 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "full-hit-rounds-up",
-            "the full-attention hit scan is bounded by ceil_div(max_length): a hit can pass the num_tokens - 1 cap",
+            "the full-attention hit scan is bounded with ceil_div, not floor: a hit can pass the num_tokens - 1 cap",
             plants.plant_full_hit_rounds_up,
         ),
         Fault(
             "sliding-window-skip-off-by-one",
-            "the sliding window skips n - W tokens instead of n - W + 1: a block that left the window is kept",
+            "the sliding window skips n - W tokens, not n - W + 1: a block outside the window is kept or allocated",
             plants.plant_sliding_window_skip_off_by_one,
         ),
         Fault(
             "chunked-local-skip-uses-last-token",
-            "chunked local attention skips up to the chunk of token n - 1, not n: a finished chunk is not freed",
+            "chunked local attention skips up to the chunk of token n - 1, not n: a finished chunk's blocks are kept",
             plants.plant_chunked_local_skip_uses_last_token,
         ),
         Fault(

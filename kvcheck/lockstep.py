@@ -35,16 +35,24 @@ class Lockstep:
         """Apply ``op`` to both; with checking on, raise the first invariant violation."""
         self.trace.append(op)
         Lockstep.total_steps += 1
-        sut_result = self.target.apply(op)
+        step = len(self.trace)
+        try:
+            sut_result = self.target.apply(op)
+            sut = self.target.observe() if self.check else None
+        except Exception as exc:
+            raise InvariantViolation(
+                "target_raised", step, describe_op(op), f"the target raised {type(exc).__name__}: {exc}"
+            ) from exc
         model_result = self.model.apply(op)
         if self.check:
+            assert sut is not None
             self.last = StepCheck(
-                step=len(self.trace),
+                step=step,
                 op=op,
                 config=self.config,
                 sut_result=sut_result,
                 model_result=model_result,
-                sut=self.target.observe(),
+                sut=sut,
                 model=self.model.observe(),
             )
             check_all(self.last)

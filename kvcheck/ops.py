@@ -9,6 +9,7 @@ interpreter so that targets and model cannot disagree about them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import attrs
@@ -150,3 +151,27 @@ class StepResult:
     new_block_ids: GroupIds | None = None
     num_external_tokens: int = 0
     reset_done: bool | None = None
+
+
+def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:
+    """The first operation that refers to something that does not exist, as (step, field, message).
+
+    A request must be added before it is used, is gone once finished, and is
+    not added twice while live; evicted block ids must exist in the pool.
+    """
+    live: set[str] = set()
+    for step, op in enumerate(ops):
+        if isinstance(op, AddRequest):
+            if op.request_id in live:
+                return step, "request_id", f"request {op.request_id!r} is added twice"
+            live.add(op.request_id)
+        elif isinstance(op, Schedule | Finish | Preempt | FailedLoad):
+            if op.request_id not in live:
+                return step, "request_id", f"unknown request {op.request_id!r} (not added, or already finished)"
+            if isinstance(op, Finish):
+                live.discard(op.request_id)
+        elif isinstance(op, EvictBlocks):
+            for index, block_id in enumerate(op.block_ids):
+                if block_id >= num_blocks:
+                    return step, f"block_ids[{index}]", f"block {block_id} does not exist in a pool of {num_blocks}"
+    return None

@@ -58,7 +58,7 @@ def write_repro(trace: Trace, folder: Path, stem: str, target: str = "kvcore") -
         STANDALONE.format(
             invariant=trace.expect.invariant,
             step=len(trace.ops),
-            origin=trace.provenance.story if trace.provenance else "kvcheck",
+            origin=(trace.provenance.story if trace.provenance else "kvcheck").replace("\\", "/").replace('"', "'"),
             py_name=py_path.as_posix(),
             json_name=json_path.as_posix(),
             fault_flag=f" --fault {fault}" if fault else "",

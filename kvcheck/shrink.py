@@ -15,7 +15,7 @@ import attrs
 
 from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule
+from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule, first_reference_error
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
 from models.invariants import InvariantViolation
@@ -24,7 +24,9 @@ Ops = tuple[Operation, ...]
 
 
 def replay_violation(make_target: TargetFactory, config: TargetConfig, ops: Ops) -> InvariantViolation | None:
-    """The violation replaying ``ops`` raises, or ``None`` (also when an operation is rejected)."""
+    """The violation replaying ``ops`` raises, or ``None`` (also when an operation refers to nothing)."""
+    if first_reference_error(ops, config.num_blocks) is not None:
+        return None
     try:
         lockstep = Lockstep(make_target, config)
         for op in ops:

@@ -128,6 +128,7 @@ def swarm(
     steps_per_run: int = 40,
     max_seconds: float | None = None,
     num_groups: int | None = None,
+    check: bool = True,
 ) -> SwarmReport:
     """Run random operation sequences until one breaks an invariant or the budget is spent."""
     rng = random.Random(seed)
@@ -136,7 +137,7 @@ def swarm(
     while report.runs < max_runs and (max_seconds is None or time.perf_counter() - start < max_seconds):
         report.runs += 1
         config = random_config(rng, num_groups)
-        lockstep = Lockstep(make_target, config)
+        lockstep = Lockstep(make_target, config, check=check)
         run = _Run(rng, lockstep)
         try:
             while len(lockstep.trace) < steps_per_run:

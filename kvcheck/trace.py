@@ -17,17 +17,7 @@ from typing import Any
 import attrs
 
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig
-from kvcheck.ops import (
-    OPERATION_TYPES,
-    AddRequest,
-    EvictBlocks,
-    FailedLoad,
-    Finish,
-    Operation,
-    Preempt,
-    Schedule,
-    op_to_json,
-)
+from kvcheck.ops import OPERATION_TYPES, Operation, first_reference_error, op_to_json
 
 FORMAT = "kvcheck-trace"
 VERSION = 1
@@ -36,7 +26,7 @@ SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
 @attrs.define(auto_exc=True, str=False)
 class TraceError(ValueError):
-    """A trace file is malformed: ``where`` names the file, ``step`` the operation index, ``field`` the field."""
+    """A trace file is malformed: ``where`` names the file, ``step`` the operation (from 1), ``field`` the field."""
 
     where: str
     step: int | None
@@ -164,8 +154,10 @@ class _Reader:
 
     def op(self, value: object, step: int) -> Operation:
         raw = self.object(value, "op", step)
-        name = raw.get("op")
-        if name not in OPERATION_TYPES:
+        if "op" not in raw:
+            raise self.fail("missing", step, "op")
+        name = raw["op"]
+        if not isinstance(name, str) or name not in OPERATION_TYPES:
             raise self.fail(f"unknown operation {name!r} (known: {', '.join(OPERATION_TYPES)})", step, "op")
         cls = OPERATION_TYPES[name]
         fields = {a.name for a in attrs.fields(cls)}
@@ -182,27 +174,10 @@ class _Reader:
         return cls(**kwargs)
 
     def check_references(self, ops: list[Operation], config: TargetConfig) -> None:
-        live: set[str] = set()
-        for step, op in enumerate(ops):
-            if isinstance(op, AddRequest):
-                if op.request_id in live:
-                    raise self.fail(f"request {op.request_id!r} is added twice", step, "request_id")
-                live.add(op.request_id)
-            elif isinstance(op, Schedule | Finish | Preempt | FailedLoad):
-                if op.request_id not in live:
-                    raise self.fail(
-                        f"unknown request {op.request_id!r} (not added, or already finished)", step, "request_id"
-                    )
-                if isinstance(op, Finish):
-                    live.discard(op.request_id)
-            elif isinstance(op, EvictBlocks):
-                for index, block_id in enumerate(op.block_ids):
-                    if block_id >= config.num_blocks:
-                        raise self.fail(
-                            f"block {block_id} does not exist in a pool of {config.num_blocks}",
-                            step,
-                            f"block_ids[{index}]",
-                        )
+        error = first_reference_error(ops, config.num_blocks)
+        if error is not None:
+            index, field, message = error
+            raise self.fail(message, index + 1, field)
 
 
 def parse_trace(text: str, where: str = "<trace>") -> Trace:
@@ -216,7 +191,7 @@ def parse_trace(text: str, where: str = "<trace>") -> Trace:
     reader.keys(document, {"format", "version", "config", "ops"}, {"expect", "provenance"}, None)
     if document["format"] != FORMAT:
         raise reader.fail(f"expected {FORMAT!r}, got {document['format']!r}", None, "format")
-    if document["version"] != VERSION:
+    if type(document["version"]) is not int or document["version"] != VERSION:
         raise reader.fail(
             f"unsupported version {document['version']!r}; this kvcheck reads version {VERSION}", None, "version"
         )
@@ -224,7 +199,7 @@ def parse_trace(text: str, where: str = "<trace>") -> Trace:
     ops_raw = document["ops"]
     if not isinstance(ops_raw, list):
         raise reader.fail(f"expected a list of operations, got {type(ops_raw).__name__}", None, "ops")
-    ops = [reader.op(item, step) for step, item in enumerate(ops_raw)]
+    ops = [reader.op(item, step) for step, item in enumerate(ops_raw, start=1)]
     reader.check_references(ops, config)
     expect = None
     if "expect" in document:
@@ -246,7 +221,9 @@ def load_trace(path: str | Path) -> Trace:
     """Read and validate a trace file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(str(path), None, None, f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(str(path), None, None, f"not UTF-8 text: byte {exc.start} cannot be decoded") from None
     return parse_trace(text, str(path))

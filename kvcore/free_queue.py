@@ -41,8 +41,15 @@ class FreeBlockQueue:
             node = node.next_free
 
     def block_ids(self) -> list[int]:
-        """The ids of the free blocks, head first."""
-        return [block.block_id for block in self]
+        """The ids of the free blocks walked head to tail by the forward links."""
+        ids: list[int] = []
+        node = self._head.next_free
+        while node is not None and node is not self._tail:
+            ids.append(node.block_id)
+            node = node.next_free
+            if len(ids) > self.num_free + 1:
+                break  # a corrupted list may cycle; the caller compares lengths
+        return ids
 
     def block_ids_from_tail(self) -> list[int]:
         """The ids of the free blocks walked tail to head by the backward links."""

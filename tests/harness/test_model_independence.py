@@ -33,7 +33,5 @@ def test_importing_the_model_loads_no_kvcore_module() -> None:
         "loaded = sorted(m for m in sys.modules if m == 'kvcore' or m.startswith('kvcore.'))\n"
         "print(','.join(loaded))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=MODELS.parent, capture_output=True, text=True, check=True
-    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=MODELS.parent, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "", f"kvcore modules loaded by the model: {result.stdout.strip()}"

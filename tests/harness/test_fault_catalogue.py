@@ -1,0 +1,137 @@
+"""Every catalogued fault bites: a short hand-made sequence breaks a named invariant under the fault
+and keeps every invariant on plain kvcore."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.faults import FAULTS, get_fault
+from kvcheck.lockstep import Lockstep
+from kvcheck.ops import (
+    AddRequest,
+    FailedLoad,
+    Finish,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+)
+from kvcheck.targets import load_target
+from models.invariants import InvariantViolation
+
+FULL = GroupSpec("full")
+
+
+def one_group(num_blocks: int, block_size: int, group: GroupSpec = FULL, caching: bool = True) -> TargetConfig:
+    return TargetConfig(num_blocks, block_size, (group,), caching)
+
+
+SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
+    # Freed with caching off, r0's block 1 must go back to the head, before the
+    # never-used block 2; FIFO puts it behind.
+    "fifo-reuse-when-caching-off": (
+        one_group(3, 1, caching=False),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), Finish("r0")],
+        "lifo_head_reuse_when_caching_off",
+    ),
+    # r0 and r1 leave the queue as [1, 2, 3, 4]: r2's hit is block 1 (group 0)
+    # and block 2 (group 1); group 0's external block pops 2 before group 1
+    # touches it.
+    "interleaved-external-alloc": (
+        TargetConfig(5, 2, (FULL, FULL), True),
+        [
+            AddRequest("r0", (1, 2)),
+            Schedule("r0", 2),
+            AddRequest("r1", (3, 4)),
+            Schedule("r1", 2),
+            Finish("r0"),
+            Finish("r1"),
+            AddRequest("r2", (1, 2, 3, 3)),
+            Schedule("r2", 1, num_external_tokens=1),
+        ],
+        "no_duplicate_block_ids",
+    ),
+    # The recomputed request hits its own cached block 1, which sits free.
+    "touch-leaves-free-block-queued": (
+        one_group(3, 1),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), Preempt("r0"), Schedule("r0", 1)],
+        "free_queue_well_formed",
+    ),
+    # Two cached blocks freed: the queue must end [..., 2, 1], tail block first.
+    "free-table-head-first": (
+        one_group(3, 1),
+        [AddRequest("r0", (1, 2)), Schedule("r0", 2), Finish("r0")],
+        "lru_eviction_when_caching_on",
+    ),
+    # One (partial, uncached) block is held when the reset comes.
+    "reset-discounts-null-block-twice": (
+        one_group(3, 2),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), ResetPrefixCache()],
+        "reset_refused_only_while_held",
+    ),
+    # Group 1 (chunk 1) frees its cached block 2 (prefix [1]) once token 0 leaves
+    # its chunk; the same step reuses block 2 for group 1's next position, and
+    # group 1's entry for [1] stays.
+    "reused-block-leaves-map-entry": (
+        TargetConfig(4, 1, (FULL, GroupSpec("chunked_local", 1)), True),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), Schedule("r0", 1)],
+        "cache_map_consistent",
+    ),
+    # The failed load evicts r0's blocks while r0 still holds them.
+    "evict-skips-held-blocks": (
+        one_group(2, 1),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), FailedLoad("r0")],
+        "cache_matches_model",
+    ),
+    # r1's 2-token prompt may hit at most 1 token, so no block; ceil_div(1, 2) scans one.
+    "full-hit-rounds-up": (
+        one_group(4, 2),
+        [AddRequest("r0", (1, 2)), AddRequest("r1", (1, 2)), Schedule("r0", 2), Schedule("r1", 1)],
+        "hit_is_sound_and_maximal",
+    ),
+    # Window 2: with 2 tokens loaded externally, the next token's window starts at
+    # token 1, so position 0 is the null block and only two blocks are allocated.
+    "sliding-window-skip-off-by-one": (
+        one_group(4, 1, GroupSpec("sliding_window", 2)),
+        [AddRequest("r0", (1, 2, 3)), Schedule("r0", 1, num_external_tokens=2)],
+        "lru_eviction_when_caching_on",
+    ),
+    # Chunk 1, caching off (with caching on, a chunked group takes token 0 as a
+    # null-block hit): after 1 external token the next token starts chunk 2, so
+    # position 0 is the null block and only one block is allocated.
+    "chunked-local-skip-uses-last-token": (
+        one_group(4, 1, GroupSpec("chunked_local", 1), caching=False),
+        [AddRequest("r0", (1, 2)), Schedule("r0", 1, num_external_tokens=1)],
+        "lifo_head_reuse_when_caching_off",
+    ),
+    # The chunked group accepts 1 token of null blocks, the full group nothing: the hit is 0.
+    "hybrid-hit-takes-max": (
+        TargetConfig(5, 1, (FULL, GroupSpec("chunked_local", 1)), True),
+        [AddRequest("r0", (1, 2)), Schedule("r0", 1)],
+        "hit_is_sound_and_maximal",
+    ),
+    # r1 hits r0's block 1 but needs a second block, and none is free: refused.
+    "hit-taken-before-admission": (
+        one_group(2, 1),
+        [AddRequest("r0", (1,)), AddRequest("r1", (1, 2)), Schedule("r0", 1), Schedule("r1", 1)],
+        "failed_allocation_changes_nothing",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault_name", sorted(FAULTS))
+def test_each_fault_breaks_its_invariant_at_the_last_step_of_a_sequence_kvcore_passes(fault_name: str) -> None:
+    """The fault's sequence keeps every invariant on plain kvcore and, with the fault planted,
+    violates the expected invariant at its last operation."""
+    assert fault_name in SEQUENCES, f"fault {fault_name!r} has no sequence proving that the suite catches it"
+    config, ops, expected_invariant = SEQUENCES[fault_name]
+    plain = Lockstep(load_target("kvcore"), config)
+    for op in ops:
+        plain.step(op)
+    faulty = Lockstep(get_fault(fault_name).kvcore_target, config)
+    with pytest.raises(InvariantViolation) as caught:
+        for op in ops:
+            faulty.step(op)
+    assert caught.value.invariant == expected_invariant, str(caught.value)
+    assert caught.value.step == len(ops), f"violated before the last step: {caught.value}"

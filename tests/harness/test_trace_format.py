@@ -1,0 +1,331 @@
+"""The trace format: malformed traces are refused with an error naming file, step and field; good traces
+round-trip; the schema agrees with the loader; a repro written from a failing run reproduces it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from kvcheck.config import GROUP_KINDS, GroupSpec, TargetConfig
+from kvcheck.ops import (
+    OPERATION_TYPES,
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+)
+from kvcheck.replay import replay, resolve_target
+from kvcheck.repro import failing_trace, write_repro
+from kvcheck.trace import FORMAT, SCHEMA_PATH, VERSION, Expectation, Trace, TraceError, load_trace, parse_trace
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "regressions" / "traces"
+CORPUS_PATHS = sorted(CORPUS.glob("*.json"))
+S000 = CORPUS / "s000_fifo_reuse_when_caching_off.json"
+S003 = CORPUS / "s003_cross_group_double_allocation.json"
+REQUIRED_TOP_LEVEL = ("format", "version", "config", "ops")
+CONFIG_KEYS = ("num_blocks", "block_size", "enable_caching", "groups")
+
+
+def base_document() -> dict[str, Any]:
+    """A fresh copy of a valid trace: add_request r0, schedule r0, finish r0 on three blocks."""
+    document: dict[str, Any] = json.loads(S000.read_text())
+    return document
+
+
+def mutated(change: Callable[[dict[str, Any]], object]) -> str:
+    """The base trace as JSON text after ``change`` edits its document in place."""
+    document = base_document()
+    change(document)
+    return json.dumps(document, indent=2)
+
+
+def schedule(request_id: str) -> dict[str, Any]:
+    """The JSON of a one-token schedule of ``request_id``."""
+    return {
+        "op": "schedule",
+        "request_id": request_id,
+        "num_new_tokens": 1,
+        "num_external_tokens": 0,
+        "sampled_token": 0,
+    }
+
+
+@attrs.frozen
+class Malformed:
+    """A malformed trace text and where the loader must say it is wrong."""
+
+    name: str
+    text: str
+    step: int | None
+    field: str | None
+
+
+# Steps count operations from 1, as replay, `kvcheck show` and invariant violations do.
+MALFORMED = [
+    Malformed("truncated_json", S000.read_text()[:120], None, None),
+    Malformed("top_level_list", json.dumps([base_document()]), None, "(top level)"),
+    Malformed("unknown_format", mutated(lambda d: d.update(format="kvcheck-log")), None, "format"),
+    Malformed("version_2", mutated(lambda d: d.update(version=2)), None, "version"),
+    Malformed("version_true", mutated(lambda d: d.update(version=True)), None, "version"),
+    Malformed("missing_ops", mutated(lambda d: d.pop("ops")), None, "ops"),
+    Malformed("unknown_top_level_field", mutated(lambda d: d.update(comment="hi")), None, "comment"),
+    Malformed("num_blocks_string", mutated(lambda d: d["config"].update(num_blocks="8")), None, "config.num_blocks"),
+    Malformed(
+        "group_kind_unknown",
+        mutated(lambda d: d["config"]["groups"][0].update(kind="global")),
+        None,
+        "config.groups[0].kind",
+    ),
+    Malformed(
+        "sliding_window_without_window",
+        mutated(lambda d: d["config"]["groups"][0].update(kind="sliding_window")),
+        None,
+        "config.groups[0].window",
+    ),
+    Malformed("unknown_operation", mutated(lambda d: d["ops"].append({"op": "compact"})), 4, "op"),
+    Malformed("operation_name_not_a_string", mutated(lambda d: d["ops"][0].update(op=["add_request"])), 1, "op"),
+    Malformed("num_new_tokens_string", mutated(lambda d: d["ops"][1].update(num_new_tokens="4")), 2, "num_new_tokens"),
+    Malformed("prompt_holds_bool", mutated(lambda d: d["ops"][0].update(prompt=[0, True])), 1, "prompt[1]"),
+    Malformed("prompt_is_string", mutated(lambda d: d["ops"][0].update(prompt="0 1 2")), 1, "prompt"),
+    Malformed("op_field_missing", mutated(lambda d: d["ops"][1].pop("sampled_token")), 2, "sampled_token"),
+    Malformed("op_field_unknown", mutated(lambda d: d["ops"][2].update(reason="done")), 3, "reason"),
+    Malformed("unknown_request", mutated(lambda d: d["ops"].insert(1, schedule("r9"))), 2, "request_id"),
+    Malformed("request_used_after_finish", mutated(lambda d: d["ops"].append(schedule("r0"))), 4, "request_id"),
+    Malformed("request_added_twice", mutated(lambda d: d["ops"].insert(1, d["ops"][0])), 2, "request_id"),
+    Malformed(
+        "evict_block_outside_pool",
+        mutated(lambda d: d["ops"].append({"op": "evict_blocks", "block_ids": [1, 3]})),
+        4,
+        "block_ids[1]",
+    ),
+]
+
+
+def write_malformed(case: Malformed, folder: Path) -> Path:
+    path = folder / f"{case.name}.json"
+    path.write_text(case.text)
+    return path
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=[case.name for case in MALFORMED])
+def test_malformed_trace_is_refused_naming_file_step_and_field(case: Malformed, tmp_path: Path) -> None:
+    """A malformed trace raises TraceError whose attributes and text name the file, the step and the field."""
+    path = write_malformed(case, tmp_path)
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    error = caught.value
+    assert error.where == str(path), f"{case.name}: where={error.where!r}"
+    assert error.step == case.step, f"{case.name}: step={error.step!r} expected {case.step!r} ({error})"
+    assert error.field == case.field, f"{case.name}: field={error.field!r} expected {case.field!r} ({error})"
+    text = str(error)
+    assert text.startswith(f"{path}: "), f"{case.name}: {text!r}"
+    if case.step is not None:
+        assert f"step {case.step}" in text, f"{case.name}: {text!r}"
+    if case.field is not None:
+        assert f"field '{case.field}'" in text, f"{case.name}: {text!r}"
+
+
+def test_a_missing_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    """Loading a file that does not exist raises TraceError naming the file, not OSError."""
+    path = tmp_path / "absent.json"
+    with pytest.raises(TraceError, match="cannot read") as caught:
+        load_trace(path)
+    assert caught.value.where == str(path)
+
+
+def test_a_file_that_is_not_utf8_is_refused_as_a_trace_error(tmp_path: Path) -> None:
+    """A file whose bytes are not UTF-8 text raises TraceError naming the file."""
+    path = tmp_path / "binary.json"
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(TraceError):
+        load_trace(path)
+
+
+# -- round trip --------------------------------------------------------------------
+
+
+EVERY_OPERATION = Trace(
+    TargetConfig(6, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4)), True),
+    (
+        AddRequest("r0", (1, 2, 3)),
+        Schedule("r0", 3, 0, 7),
+        FailedLoad("r0"),
+        Preempt("r0"),
+        Finish("r0"),
+        EvictBlocks((1, 5)),
+        ResetPrefixCache(),
+    ),
+    Expectation("no_duplicate_block_ids", None),
+)
+
+
+@pytest.mark.parametrize("path", CORPUS_PATHS, ids=[p.stem for p in CORPUS_PATHS])
+def test_a_corpus_trace_survives_dumps_and_parse(path: Path) -> None:
+    """Dumping a corpus trace and parsing the text back gives an equal trace."""
+    trace = load_trace(path)
+    assert parse_trace(trace.dumps(), path.name) == trace
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [EVERY_OPERATION, attrs.evolve(EVERY_OPERATION, expect=None)],
+    ids=["every_operation", "no_expectation"],
+)
+def test_every_operation_kind_survives_dumps_and_parse(trace: Trace) -> None:
+    """A trace using every operation kind, with or without an expectation, round-trips through its text."""
+    assert parse_trace(trace.dumps()) == trace
+
+
+def test_the_corpus_holds_the_two_seed_traces() -> None:
+    """Both seed traces the CLI tests rely on are in the corpus."""
+    assert S000 in CORPUS_PATHS, CORPUS_PATHS
+    assert S003 in CORPUS_PATHS, CORPUS_PATHS
+
+
+# -- the schema agrees with the loader ------------------------------------------------
+
+SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
+OP_SCHEMAS: list[dict[str, Any]] = SCHEMA["properties"]["ops"]["items"]["oneOf"]
+
+
+def schema_op_names(op_schema: dict[str, Any]) -> list[str]:
+    name = op_schema["properties"]["op"]
+    return [name["const"]] if "const" in name else list(name["enum"])
+
+
+def test_schema_pins_the_format_and_version_the_loader_reads() -> None:
+    """The schema's format and version constants are the loader's."""
+    assert SCHEMA["properties"]["format"]["const"] == FORMAT
+    assert SCHEMA["properties"]["version"]["const"] == VERSION
+
+
+def test_schema_requires_the_top_level_keys_the_loader_requires() -> None:
+    """The schema's required top-level keys are format, version, config and ops, as the loader's."""
+    assert SCHEMA["required"] == list(REQUIRED_TOP_LEVEL)
+    assert SCHEMA["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("key", REQUIRED_TOP_LEVEL)
+def test_the_loader_refuses_a_trace_without_a_required_top_level_key(key: str) -> None:
+    """Dropping a key the schema requires makes the loader report that key as missing."""
+    with pytest.raises(TraceError) as caught:
+        parse_trace(mutated(lambda d: d.pop(key)))
+    assert (caught.value.field, caught.value.message) == (key, "missing")
+
+
+@pytest.mark.parametrize("key", sorted(set(SCHEMA["properties"]) - set(REQUIRED_TOP_LEVEL)))
+def test_the_loader_accepts_a_trace_without_an_optional_top_level_key(key: str) -> None:
+    """Every top-level key the schema leaves optional may be left out."""
+    assert parse_trace(mutated(lambda d: d.pop(key))) is not None
+
+
+@pytest.mark.parametrize("key", CONFIG_KEYS)
+def test_the_loader_refuses_a_config_without_a_key_the_schema_requires(key: str) -> None:
+    """The schema's required config keys are the loader's: dropping one is reported as config.KEY missing."""
+    assert key in SCHEMA["properties"]["config"]["required"]
+    with pytest.raises(TraceError) as caught:
+        parse_trace(mutated(lambda d: d["config"].pop(key)))
+    assert (caught.value.field, caught.value.message) == (f"config.{key}", "missing")
+
+
+def test_schema_group_kinds_are_the_config_group_kinds() -> None:
+    """The schema's group kinds are exactly the kinds the configuration accepts."""
+    kinds = SCHEMA["properties"]["config"]["properties"]["groups"]["items"]["properties"]["kind"]["enum"]
+    assert sorted(kinds) == sorted(GROUP_KINDS)
+
+
+def test_schema_operation_names_are_the_operation_types() -> None:
+    """The operation names the schema allows are exactly the keys of OPERATION_TYPES."""
+    names = [name for op_schema in OP_SCHEMAS for name in schema_op_names(op_schema)]
+    assert sorted(names) == sorted(OPERATION_TYPES), f"schema={sorted(names)} ops={sorted(OPERATION_TYPES)}"
+
+
+@pytest.mark.parametrize(
+    "op_schema", OP_SCHEMAS, ids=["/".join(schema_op_names(op_schema)) for op_schema in OP_SCHEMAS]
+)
+def test_schema_operation_fields_are_the_operation_attributes(op_schema: dict[str, Any]) -> None:
+    """Each operation's required fields in the schema are its attributes plus ``op``, and nothing more."""
+    for name in schema_op_names(op_schema):
+        attributes = {a.name for a in attrs.fields(OPERATION_TYPES[name])}
+        assert set(op_schema["required"]) == attributes | {"op"}, name
+        assert set(op_schema["properties"]) == attributes | {"op"}, name
+        assert op_schema["additionalProperties"] is False, name
+
+
+@pytest.mark.parametrize("path", CORPUS_PATHS, ids=[p.stem for p in CORPUS_PATHS])
+def test_a_corpus_trace_uses_only_keys_the_schema_names(path: Path) -> None:
+    """Every key in a corpus file, at the top, in its config, groups and ops, is one the schema names."""
+    document = json.loads(path.read_text())
+    properties = SCHEMA["properties"]
+    assert set(document) <= set(properties), path.name
+    assert set(document["config"]) == set(properties["config"]["required"]), path.name
+    group_keys = set(properties["config"]["properties"]["groups"]["items"]["properties"])
+    for group in document["config"]["groups"]:
+        assert set(group) <= group_keys, f"{path.name}: {group}"
+    by_name = {name: op_schema for op_schema in OP_SCHEMAS for name in schema_op_names(op_schema)}
+    for step, op in enumerate(document["ops"]):
+        assert op["op"] in by_name, f"{path.name} step {step}: {op}"
+        assert set(op) == set(by_name[op["op"]]["required"]), f"{path.name} step {step}: {op}"
+
+
+# -- repro files ----------------------------------------------------------------------
+
+
+def run_standalone(py_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run a standalone repro file alone, as a person would, from the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(py_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def s003_failing_trace() -> Trace:
+    """The s003 trace as the harness writes it after a failing run under interleaved-external-alloc."""
+    trace = load_trace(S003)
+    fault = "interleaved-external-alloc"
+    outcome = replay(trace, resolve_target("kvcore", fault))
+    assert outcome.violation is not None, "s003 no longer fails under its fault"
+    return failing_trace(trace.config, list(trace.ops), outcome.violation, fault, "test_trace_format")
+
+
+def test_write_repro_writes_a_trace_that_loads_back_equal(s003_failing_trace: Trace, tmp_path: Path) -> None:
+    """The JSON file write_repro writes loads back as the same trace, and the test file sits beside it."""
+    json_path, py_path = write_repro(s003_failing_trace, tmp_path, "s003 double/allocation")
+    assert json_path == tmp_path / "s003_double_allocation.json"
+    assert py_path == tmp_path / "test_s003_double_allocation.py"
+    assert load_trace(json_path) == s003_failing_trace
+    assert py_path.is_file()
+
+
+def test_the_standalone_repro_fails_with_the_invariant_under_its_fault(
+    s003_failing_trace: Trace, tmp_path: Path
+) -> None:
+    """Run alone, the standalone test of a fault-tagged trace fails, naming the violated invariant."""
+    _, py_path = write_repro(s003_failing_trace, tmp_path, "s003")
+    result = run_standalone(py_path)
+    assert result.returncode == 1, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "no_duplicate_block_ids" in result.stdout, result.stdout
+
+
+def test_the_standalone_repro_passes_once_the_fault_is_gone(s003_failing_trace: Trace, tmp_path: Path) -> None:
+    """The same trace tagged with no fault replays on plain kvcore, so the standalone test passes."""
+    assert s003_failing_trace.expect is not None
+    untagged = attrs.evolve(s003_failing_trace, expect=attrs.evolve(s003_failing_trace.expect, fault=None))
+    _, py_path = write_repro(untagged, tmp_path, "s003_fixed")
+    result = run_standalone(py_path)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
