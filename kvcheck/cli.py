@@ -53,7 +53,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = pytest.main(pytest_args, plugins=[summary])
     for line in summary.lines():
         print(line)
-    return EXIT_OK if code == 0 else EXIT_VIOLATION
+    swarm_ok = _run_swarm(args) if args.swarm_runs else True
+    return EXIT_OK if code == 0 and swarm_ok else EXIT_VIOLATION
+
+
+def _run_swarm(args: argparse.Namespace) -> bool:
+    """The swarm driver over the same operations, model and invariants; a failure is shrunk and written out."""
+    from kvcheck.replay import resolve_target
+    from kvcheck.repro import failing_trace, write_repro
+    from kvcheck.shrink import shrink
+    from kvcheck.swarm import swarm
+
+    make_target = resolve_target(args.target, args.fault)
+    report = swarm(make_target, seed=args.seed, max_runs=args.swarm_runs, num_groups=args.groups)
+    print(
+        f"  swarm driver: {report.runs:,} runs, {report.steps:,} steps in {report.seconds:.1f}s "
+        f"({report.steps / max(report.seconds, 1e-9):,.0f} steps/s, seed {args.seed})"
+    )
+    if report.failure is None:
+        print("  swarm verdict: every invariant held")
+        return True
+    small = shrink(make_target, report.failure)
+    trace = failing_trace(small.config, list(small.ops), small.violation, args.fault, "kvcheck run swarm driver")
+    json_path, py_path = write_repro(trace, Path("repros"), f"swarm-{small.violation.invariant}", args.target)
+    flag = f" --fault {args.fault}" if args.fault else ""
+    print(f"  swarm verdict: {small.violation}".replace("\n", "\n  "))
+    print(f"  shrunk trace ({len(small.ops)} steps): {json_path}; standalone test: {py_path}")
+    print(f"  replay: kvcheck replay {json_path}{flag}")
+    return False
 
 
 # -- replay and show -------------------------------------------------------------
@@ -191,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     target_options(run)
     run.add_argument("--groups", type=int, default=None, help="fix the number of KV-cache groups")
     run.add_argument("--profile", default=None, help="Hypothesis profile: dev, ci or thorough")
+    run.add_argument("--swarm-runs", type=int, default=2000, help="swarm driver runs after the machines (0: none)")
+    run.add_argument("--seed", type=int, default=0, help="swarm driver seed")
     run.set_defaults(func=cmd_run)
 
     rep = commands.add_parser("replay", help="replay traces, checking every invariant after every step")
