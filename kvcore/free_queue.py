@@ -42,24 +42,18 @@ class FreeBlockQueue:
 
     def block_ids(self) -> list[int]:
         """The ids of the free blocks walked head to tail by the forward links."""
-        ids: list[int] = []
-        node = self._head.next_free
-        while node is not None and node is not self._tail:
-            ids.append(node.block_id)
-            node = node.next_free
-            if len(ids) > self.num_free + 1:
-                break  # a corrupted list may cycle; the caller compares lengths
-        return ids
+        return self._walk(self._head.next_free, self._tail, forward=True)
 
     def block_ids_from_tail(self) -> list[int]:
         """The ids of the free blocks walked tail to head by the backward links."""
+        return self._walk(self._tail.prev_free, self._head, forward=False)
+
+    def _walk(self, node: KVBlock | None, end: KVBlock, forward: bool) -> list[int]:
+        # Bounded so that a corrupted (cyclic) list still returns; callers compare lengths.
         ids: list[int] = []
-        node = self._tail.prev_free
-        while node is not None and node is not self._head:
+        while node is not None and node is not end and len(ids) <= self.num_free + 1:
             ids.append(node.block_id)
-            node = node.prev_free
-            if len(ids) > self.num_free + 1:
-                break  # a corrupted list may cycle; the caller compares lengths
+            node = node.next_free if forward else node.prev_free
         return ids
 
     def popleft(self) -> KVBlock:

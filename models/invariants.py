@@ -234,16 +234,8 @@ def lifo_head_reuse_when_caching_off(check: StepCheck) -> None:
 
     Guards: the FIFO/LIFO flip (seed 000: ``hash is None and caching_on``
     written for ``hash is None or not caching_on`` in free_blocks)."""
-    if check.config.enable_caching:
-        return
-    if check.sut.free_order != check.model.free_order:
-        _fail(
-            check,
-            "lifo_head_reuse_when_caching_off",
-            "free queue order differs",
-            list(check.model.free_order),
-            list(check.sut.free_order),
-        )
+    if not check.config.enable_caching:
+        _same_reuse_order(check, "lifo_head_reuse_when_caching_off")
 
 
 def lru_eviction_when_caching_on(check: StepCheck) -> None:
@@ -252,16 +244,8 @@ def lru_eviction_when_caching_on(check: StepCheck) -> None:
 
     Guards: a free that does not reverse a request's blocks; cached blocks
     freed to the head (evicting a hot prefix first)."""
-    if not check.config.enable_caching:
-        return
-    if check.sut.free_order != check.model.free_order:
-        _fail(
-            check,
-            "lru_eviction_when_caching_on",
-            "free queue order differs",
-            list(check.model.free_order),
-            list(check.sut.free_order),
-        )
+    if check.config.enable_caching:
+        _same_reuse_order(check, "lru_eviction_when_caching_on")
 
 
 def tables_match_model(check: StepCheck) -> None:
