@@ -37,7 +37,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "thorough",
-    max_examples=4000,
+    max_examples=20_000,
     stateful_step_count=80,
     deadline=None,
     print_blob=True,

@@ -1,0 +1,166 @@
+"""Every named invariant holds on a consistent step and fires, by name, on a step that breaks it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import pytest
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.lockstep import Lockstep
+from kvcheck.ops import AddRequest, Finish, Schedule
+from kvcheck.targets import load_target
+from models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
+
+CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
+
+
+def checked_step(config: TargetConfig, ops: list[object]) -> StepCheck:
+    """The check of the last of ``ops``, replayed on kvcore (every invariant holds there)."""
+    lockstep = Lockstep(load_target("kvcore"), config)
+    for op in ops:
+        lockstep.step(op)  # type: ignore[arg-type]
+    assert lockstep.last is not None
+    return lockstep.last
+
+
+def two_requests_sharing_a_prefix(config: TargetConfig = CACHING) -> StepCheck:
+    return checked_step(
+        config,
+        [
+            AddRequest("a", (0, 1, 2)),
+            Schedule("a", 3, 0, 0),
+            AddRequest("b", (0, 1, 2, 1)),
+            Schedule("b", 4, 0, 0),
+        ],
+    )
+
+
+def with_sut(check: StepCheck, **changes: object) -> StepCheck:
+    return attrs.evolve(check, sut=attrs.evolve(check.sut, **changes))
+
+
+def table_of(check: StepCheck, request_id: str, group: int, table: tuple[int, ...]) -> StepCheck:
+    groups = list(check.sut.tables[request_id])
+    groups[group] = table
+    return with_sut(check, tables={**check.sut.tables, request_id: tuple(groups)})
+
+
+def breakages() -> dict[str, Callable[[], StepCheck]]:
+    """For each invariant, a step that breaks it and nothing checked before it."""
+    base = two_requests_sharing_a_prefix
+    caching_off = TargetConfig(6, 1, (GroupSpec("full"),), False)
+
+    def duplicate() -> StepCheck:
+        check = base()
+        table = check.sut.tables["a"][0]
+        return table_of(check, "a", 0, (table[0], *table))
+
+    def wrong_ref_cnt() -> StepCheck:
+        check = base()
+        block = check.sut.tables["a"][0][0]
+        return with_sut(check, ref_counts={**check.sut.ref_counts, block: check.sut.ref_counts[block] + 1})
+
+    def torn_queue() -> StepCheck:
+        check = base()
+        return with_sut(check, free_order_backward=(*check.sut.free_order_backward, check.sut.free_order[0]))
+
+    def stale_map_entry() -> StepCheck:
+        check = base()
+        held = check.sut.tables["a"][0][0]
+        return with_sut(check, cache_entries=check.sut.cache_entries | {(0, (2, 2), held)})
+
+    def spurious_refusal() -> StepCheck:
+        check = base()
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, admitted=False))
+
+    def short_hit() -> StepCheck:
+        check = base()
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, hit_length=0))
+
+    def leaky_refusal() -> StepCheck:
+        check = checked_step(
+            TargetConfig(4, 1, (GroupSpec("full"),), True), [AddRequest("a", (0,) * 8), Schedule("a", 8, 0, 0)]
+        )
+        assert check.sut_result.admitted is False
+        # The refused request kept a block: consistent in itself, but not what the model says.
+        leaked, *rest = check.sut.free_order
+        return with_sut(
+            check,
+            free_order=tuple(rest),
+            free_order_backward=tuple(rest[::-1]),
+            num_free=len(rest),
+            ref_counts={**check.sut.ref_counts, leaked: 1},
+            tables={"a": ((leaked,),)},
+        )
+
+    def fifo() -> StepCheck:
+        check = checked_step(caching_off, [AddRequest("a", (0, 1)), Schedule("a", 2, 0, 0), Finish("a")])
+        order = check.sut.free_order
+        return with_sut(
+            check, free_order=(*order[2:], *order[:2]), free_order_backward=(*order[:2][::-1], *order[2:][::-1])
+        )
+
+    def head_first_lru() -> StepCheck:
+        check = checked_step(CACHING, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0), Finish("a")])
+        order = check.sut.free_order
+        return with_sut(check, free_order=order[::-1], free_order_backward=order)
+
+    def wrong_table() -> StepCheck:
+        check = checked_step(CACHING, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
+        first, second, third = check.sut.tables["a"][0]
+        return table_of(check, "a", 0, (first, third, second))
+
+    def extra_cache_entry() -> StepCheck:
+        check = base()
+        free_block = check.sut.free_order[0]
+        entry = (0, (2, 2, 2), free_block)
+        return with_sut(
+            check,
+            cache_entries=check.sut.cache_entries | {entry},
+            block_cache_keys={**check.sut.block_cache_keys, free_block: (0, (2, 2, 2))},
+        )
+
+    def reset_done_while_held() -> StepCheck:
+        check = base()
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, reset_done=True))
+
+    return {
+        "no_duplicate_block_ids": duplicate,
+        "ref_cnt_matches_holders": wrong_ref_cnt,
+        "free_queue_well_formed": torn_queue,
+        "cache_map_consistent": stale_map_entry,
+        "admission_matches_model": spurious_refusal,
+        "hit_is_sound_and_maximal": short_hit,
+        "failed_allocation_changes_nothing": leaky_refusal,
+        "lifo_head_reuse_when_caching_off": fifo,
+        "lru_eviction_when_caching_on": head_first_lru,
+        "tables_match_model": wrong_table,
+        "cache_matches_model": extra_cache_entry,
+        "reset_refused_only_while_held": reset_done_while_held,
+    }
+
+
+BREAKAGES = breakages()
+
+
+def test_every_invariant_has_a_breaking_step() -> None:
+    """The table of breakages covers every invariant in ALL_INVARIANTS."""
+    assert set(BREAKAGES) == {invariant.__name__ for invariant in ALL_INVARIANTS}
+
+
+def test_a_consistent_step_keeps_every_invariant() -> None:
+    """On a step replayed from kvcore every invariant holds."""
+    check_all(two_requests_sharing_a_prefix())
+
+
+@pytest.mark.parametrize("name", list(BREAKAGES))
+def test_the_invariant_fires_by_name_on_a_step_that_breaks_it(name: str) -> None:
+    """check_all reports exactly the broken invariant, with the step number."""
+    check = BREAKAGES[name]()
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(check)
+    assert caught.value.invariant == name, str(caught.value)
+    assert caught.value.step == check.step
+    assert name in str(caught.value)
