@@ -262,17 +262,46 @@ def plant_hybrid_hit_takes_max(manager: kvcore.KVCacheManager) -> None:
 
 def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
     coordinator = manager.coordinator
+    block_size = coordinator.managers[0].block_size
     count_blocks = coordinator.num_blocks_to_allocate
+    take_hit_then_external = coordinator.allocate_new_computed_blocks
+    hit_taken: set[str] = set()
 
     def num_blocks_to_allocate(
         request_id: str, num_tokens: int, new_computed_blocks: HitBlocks, total_computed_tokens: int
     ) -> int:
+        hit_taken.discard(request_id)
         is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
         if is_new and any(new_computed_blocks):
             # The bug: the local hit is taken (touched and entered in the
             # tables) while the blocks are counted, before the admission
             # decision; a refused step keeps it.
-            coordinator.allocate_new_computed_blocks(request_id, new_computed_blocks, total_computed_tokens, 0)
+            num_local_tokens = len(new_computed_blocks[0]) * block_size
+            for group_manager, hit in zip(coordinator.managers, new_computed_blocks):
+                group_manager.add_local_computed_blocks(
+                    request_id, hit, num_local_tokens, total_computed_tokens - num_local_tokens
+                )
+            hit_taken.add(request_id)
         return count_blocks(request_id, num_tokens, new_computed_blocks, total_computed_tokens)
 
+    def allocate_new_computed_blocks(
+        request_id: str,
+        new_computed_blocks: HitBlocks,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        if request_id not in hit_taken:
+            take_hit_then_external(
+                request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+            )
+            return
+        # Admitted: the hit is already in the tables; only the external tokens remain.
+        hit_taken.discard(request_id)
+        if num_external_computed_tokens > 0:
+            for group_manager in coordinator.managers:
+                group_manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+    coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]

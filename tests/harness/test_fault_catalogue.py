@@ -35,20 +35,17 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (1,)), Schedule("r0", 1), Finish("r0")],
         "lifo_head_reuse_when_caching_off",
     ),
-    # r0 and r1 leave the queue as [1, 2, 3, 4]: r2's hit is block 1 (group 0)
-    # and block 2 (group 1); group 0's external block pops 2 before group 1
-    # touches it.
+    # r0's 5 computed tokens hold blocks 1-5 (group 0) and 6-10 (group 1, chunk 4);
+    # preempted, they queue as [5, 4, 3, 2, 1, 10, 9, 8, 7, 6].  The retry hits 1-5
+    # in group 0 and block 10 (the current chunk's only block) in group 1, and
+    # group 0's external block pops 10 before group 1 touches it.
     "interleaved-external-alloc": (
-        TargetConfig(5, 2, (FULL, FULL), True),
+        TargetConfig(11, 1, (FULL, GroupSpec("chunked_local", 4)), True),
         [
-            AddRequest("r0", (1, 2)),
-            Schedule("r0", 2),
-            AddRequest("r1", (3, 4)),
-            Schedule("r1", 2),
-            Finish("r0"),
-            Finish("r1"),
-            AddRequest("r2", (1, 2, 3, 3)),
-            Schedule("r2", 1, num_external_tokens=1),
+            AddRequest("r0", (0,) * 7),
+            Schedule("r0", 5),
+            Preempt("r0"),
+            Schedule("r0", 1, num_external_tokens=1),
         ],
         "no_duplicate_block_ids",
     ),
