@@ -101,8 +101,9 @@ def test_show_under_the_fault_renders_every_step_and_ends_with_the_violation(
     for step in range(1, steps + 1):
         assert any(line.startswith(f"step {step}: ") for line in lines), f"step {step} missing:\n{out}"
     assert "  * free queue (head first)   [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]" in lines, out
-    step_4 = lines.index("step 4: add_request(r1, prompt=[0, 0, 0, 0, 0, 0, 0])")
-    assert lines[step_4 + 1].startswith("    free queue"), "a cell unchanged by step 4 is marked changed"
+    preempt = lines.index("step 3: preempt(r0)")
+    assert lines[preempt + 1].startswith("  * free queue"), "the free queue changed by the preemption is not marked"
+    assert lines[preempt + 3].startswith("    cache g0 0 "), "a cache entry unchanged by the preemption is marked"
     assert lines[-1].startswith("!! "), lines[-1]
     assert S003_INVARIANT in lines[-1], lines[-1]
     assert "\033[" not in out, "colour codes written to a stream that is not a terminal"
