@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import event, note, target
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, multiple, precondition, rule
 
 from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
@@ -61,10 +61,21 @@ def manager_machine(
             # queue holds cached blocks (a warm pool).
             target(float(self.warm_external_hits), label="external tokens with a hit on a warm pool")
 
-        @initialize(config=target_configs(num_groups))
-        def configure(self, config: TargetConfig) -> None:
+        @initialize(
+            target=requests, config=target_configs(num_groups), warm_start=st.booleans(), extra=st.integers(1, 3)
+        )
+        def configure(self, config: TargetConfig, warm_start: bool, extra: int) -> object:
+            """Draw the configuration; on a warm start, begin under memory pressure: a request whose
+            prefill took every free block was preempted, leaving the pool full of its cached blocks."""
             note(f"config: {config.describe()}")
             self.lockstep = Lockstep(make_target, config, check=check)
+            if not warm_start:
+                return multiple()
+            per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size
+            request_id = self.add_request((0,) * (per_group_tokens + extra))
+            self._step(Schedule(request_id, per_group_tokens, 0, 0))
+            self._step(Preempt(request_id))
+            return request_id
 
         @precondition(lambda self: len(self.lockstep.model.requests) < MAX_LIVE_REQUESTS)
         @rule(target=requests, prompt=prompts)
