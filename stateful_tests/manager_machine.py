@@ -69,9 +69,9 @@ def manager_machine(
             prefill took every free block was preempted, leaving the pool full of its cached blocks."""
             note(f"config: {config.describe()}")
             self.lockstep = Lockstep(make_target, config, check=check)
-            if not warm_start:
-                return multiple()
             per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size
+            if not warm_start or per_group_tokens == 0:
+                return multiple()
             request_id = self.add_request((0,) * (per_group_tokens + extra))
             self._step(Schedule(request_id, per_group_tokens, 0, 0))
             self._step(Preempt(request_id))
