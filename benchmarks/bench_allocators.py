@@ -101,66 +101,38 @@ class KvcoreBackend:
 
 
 class VllmBackend:
-    """vLLM v1's allocator, built the way its scheduler builds it (caching on, no connector)."""
+    """vLLM v1's allocator, built by the vLLM target's construction helpers (caching on, no connector)."""
 
     name = "vLLM"
 
     def __init__(self) -> None:
-        import torch
-        import vllm
-        from vllm.sampling_params import SamplingParams
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.block_pool import BlockPool
-        from vllm.v1.core.kv_cache_manager import KVCacheManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-            SlidingWindowSpec,
-        )
-        from vllm.v1.request import Request
+        from kvcheck.config import GroupSpec
+        from kvcheck.targets import vllm_target
 
-        init_none_hash(sha256)
-        self.version = vllm.__version__
-        self._block_pool = BlockPool
-        self._manager = KVCacheManager
-        self._request = Request
-        self._config = KVCacheConfig
-        self._group = KVCacheGroupSpec
-        self._sampling_params = SamplingParams(max_tokens=DECODE_STEPS + 1)
-        self._block_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
-        layout = {"num_kv_heads": 1, "head_size": 8, "dtype": torch.float16}
-        self._full = FullAttentionSpec(block_size=BLOCK_SIZE, **layout)
-        self._swa = SlidingWindowSpec(block_size=BLOCK_SIZE, sliding_window=SLIDING_WINDOW_TOKENS, **layout)
+        self.version = vllm_target.require_vllm().version
+        self._vllm = vllm_target
+        self._groups = {
+            "full": [GroupSpec("full")],
+            "hybrid": [GroupSpec("full")] + [GroupSpec("sliding_window", SLIDING_WINDOW_TOKENS)] * 2,
+        }
 
     def make_pool(self, num_blocks: int, enable_caching: bool) -> Any:
-        return self._block_pool(num_blocks, enable_caching, hash_block_size=BLOCK_SIZE)
+        return self._vllm.make_block_pool(num_blocks, enable_caching, BLOCK_SIZE)
 
     def make_manager(self, config: str, num_blocks: int) -> Any:
-        groups = [self._group(["full.0"], self._full)]
-        if config == "hybrid":
-            groups += [self._group([f"swa.{i}"], self._swa) for i in range(2)]
-        kv_cache_config = self._config(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
-        return self._manager(
-            kv_cache_config,
-            max_model_len=PROMPT_TOKENS + DECODE_STEPS + BLOCK_SIZE,
-            scheduler_block_size=BLOCK_SIZE,
-            hash_block_size=BLOCK_SIZE,
+        return self._vllm.make_manager(
+            self._groups[config],
+            num_blocks,
+            BLOCK_SIZE,
             enable_caching=True,
+            max_model_len=PROMPT_TOKENS + DECODE_STEPS + BLOCK_SIZE,
         )
 
     def make_request(self, index: int) -> Any:
-        return self._request(
-            f"req-{index}",
-            prompt_token_ids(index),
-            self._sampling_params,
-            None,
-            block_hasher=self._block_hasher,
-        )
+        return self._vllm.make_request(f"req-{index}", prompt_token_ids(index), BLOCK_SIZE)
 
     def free_block_ids(self, manager: Any) -> list[int]:
-        return [block.block_id for block in manager.block_pool.free_block_queue.get_all_free_blocks()]
+        return self._vllm.free_block_ids(manager.block_pool)
 
 
 def load_vllm() -> tuple[VllmBackend | None, str]:

@@ -39,6 +39,8 @@ class Lockstep:
         try:
             sut_result = self.target.apply(op)
             sut = self.target.observe() if self.check else None
+        except InvariantViolation:
+            raise
         except Exception as exc:
             raise InvariantViolation(
                 "target_raised", step, describe_op(op), f"the target raised {type(exc).__name__}: {exc}"

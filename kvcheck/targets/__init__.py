@@ -38,14 +38,28 @@ TargetFactory = Callable[[TargetConfig], Target]
 
 
 def load_target(spec: str) -> TargetFactory:
-    """The target factory named by ``spec``: ``kvcore`` or ``package.module:factory``."""
+    """The target factory named by ``spec``: ``kvcore``, ``vllm``, ``package.module:factory``,
+    or several of those joined by ``+`` (a differential target comparing them step by step)."""
+    if "+" in spec:
+        from kvcheck.targets.differential import DifferentialTarget
+
+        parts = [(part, load_target(part)) for part in spec.split("+")]
+        return lambda config: DifferentialTarget(config, parts)
     if spec == "kvcore":
         from kvcheck.targets.kvcore_target import KvcoreTarget
 
         return KvcoreTarget
+    if spec == "vllm":
+        from kvcheck.targets.vllm_target import VllmTarget, require_vllm
+
+        try:
+            require_vllm()
+        except ImportError as exc:
+            raise ValueError(f"target 'vllm': {exc}") from exc
+        return VllmTarget
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"target {spec!r}: expected 'kvcore' or 'package.module:factory'")
+        raise ValueError(f"target {spec!r}: expected 'kvcore', 'vllm' or 'package.module:factory'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

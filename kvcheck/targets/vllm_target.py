@@ -1,0 +1,354 @@
+"""The vLLM target: vLLM 0.33.0's own KVCacheManager, driven the way its scheduler drives it.
+
+vLLM is optional.  Nothing here imports it until a target (or a benchmark
+backend) is built; then :func:`require_vllm` imports the allocator modules
+once and checks that the installed release is the one kvcore's semantics are
+taken from.  ``scripts/install-vllm-cpu.sh VENV_DIR`` sets up a CPU-only
+venv that can import it.
+
+The construction helpers (:func:`make_manager`, :func:`make_block_pool`,
+:func:`make_request`) build what vLLM's engine builds for one model: one
+``KVCacheGroupSpec`` per group over one shared pool, block hashes chained
+with vLLM's default hash (``sha256``) at the block size, and no speculative
+decoding, context parallelism, connector, or watermark.  They are shared with
+``benchmarks/bench_allocators.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.observation import CacheKey, Observation
+from kvcheck.ops import (
+    AddRequest,
+    EvictBlocks,
+    FailedLoad,
+    Finish,
+    GroupIds,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+    StepResult,
+    plan_schedule,
+)
+
+SUPPORTED_VLLM_VERSION = "0.33.0"
+INSTALL_HINT = (
+    "install it into a separate venv with `scripts/install-vllm-cpu.sh VENV_DIR` "
+    f"(CPU torch, the pins in requirements-vllm-cpu.txt, vllm=={SUPPORTED_VLLM_VERSION} --no-deps), "
+    "then run kvcheck from that venv"
+)
+HASH_ALGORITHM = "sha256"
+"""vLLM's default ``CacheConfig.prefix_caching_hash_algo``."""
+MAX_MODEL_LEN = 4096
+"""Far beyond any request the drivers build, so the length cap never binds."""
+LAYER_LAYOUT = {"num_kv_heads": 1, "head_size": 8}
+"""The smallest attention layer; page sizes never matter to the allocator."""
+
+
+class VllmUnavailable(ImportError):
+    """vLLM cannot serve as a target: it is not importable, or not the supported release."""
+
+
+def check_vllm_version(installed: str) -> None:
+    """Raise :class:`VllmUnavailable` unless ``installed`` is the supported vLLM release."""
+    if installed != SUPPORTED_VLLM_VERSION:
+        raise VllmUnavailable(
+            f"vllm {installed} is installed, but the vLLM target supports vllm {SUPPORTED_VLLM_VERSION} "
+            f"only (kvcore's semantics are taken from that release); {INSTALL_HINT}"
+        )
+
+
+_vllm: SimpleNamespace | None = None
+
+
+def require_vllm() -> SimpleNamespace:
+    """vLLM's allocator classes and helpers, imported on first use; the version is checked on every call."""
+    global _vllm
+    try:
+        import vllm
+    except ImportError as exc:
+        raise VllmUnavailable(f"the vLLM target needs vllm, which cannot be imported ({exc}); {INSTALL_HINT}") from exc
+    check_vllm_version(vllm.__version__)
+    if _vllm is None:
+        _vllm = _import_allocator(vllm.__version__)
+    return _vllm
+
+
+def _import_allocator(version: str) -> SimpleNamespace:
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+    from vllm.v1.request import Request, RequestStatus
+
+    hash_fn = get_hash_fn_by_name(HASH_ALGORITHM)
+    # Once per process, as vLLM's engine core does before hashing any block.
+    kv_cache_utils.init_none_hash(hash_fn)
+    # The suite asks for refused resets on purpose; vLLM logs each one (and each success).
+    logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.ERROR)
+    return SimpleNamespace(
+        version=version,
+        dtype=torch.float32,
+        hash_fn=hash_fn,
+        hashers={},
+        sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN),
+        get_block_hash=kv_cache_utils.get_block_hash,
+        get_group_id=kv_cache_utils.get_group_id,
+        get_request_block_hasher=kv_cache_utils.get_request_block_hasher,
+        BlockPool=BlockPool,
+        KVCacheManager=KVCacheManager,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
+        ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
+        Request=Request,
+        RequestStatus=RequestStatus,
+    )
+
+
+# -- construction (shared with the allocator benchmark) --------------------------
+
+
+def attention_spec(group: GroupSpec, block_size: int) -> Any:
+    """vLLM's attention spec of one group."""
+    v = require_vllm()
+    layout = {"block_size": block_size, "dtype": v.dtype, **LAYER_LAYOUT}
+    if group.kind == "full":
+        return v.FullAttentionSpec(**layout)
+    if group.kind == "sliding_window":
+        return v.SlidingWindowSpec(sliding_window=group.window, **layout)
+    if group.kind == "chunked_local":
+        return v.ChunkedLocalAttentionSpec(attention_chunk_size=group.window, **layout)
+    raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
+
+
+def make_manager(
+    groups: Sequence[GroupSpec],
+    num_blocks: int,
+    block_size: int,
+    enable_caching: bool,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> Any:
+    """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``."""
+    v = require_vllm()
+    kv_cache_groups = [
+        v.KVCacheGroupSpec([f"layers.{index}"], attention_spec(group, block_size)) for index, group in enumerate(groups)
+    ]
+    config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
+    return v.KVCacheManager(
+        config,
+        max_model_len=max_model_len,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        enable_caching=enable_caching,
+        watermark=0.0,
+    )
+
+
+def make_block_pool(num_blocks: int, enable_caching: bool, block_size: int) -> Any:
+    """A bare vLLM ``BlockPool`` hashing at ``block_size``."""
+    return require_vllm().BlockPool(num_blocks, enable_caching, hash_block_size=block_size)
+
+
+def make_request(request_id: str, prompt: Sequence[int], block_size: int) -> Any:
+    """A waiting vLLM ``Request`` whose block hashes are chained every ``block_size`` tokens."""
+    v = require_vllm()
+    hasher = v.hashers.get(block_size)
+    if hasher is None:
+        hasher = v.hashers[block_size] = v.get_request_block_hasher(block_size, v.hash_fn)
+    return v.Request(request_id, list(prompt), v.sampling_params, None, block_hasher=hasher)
+
+
+def free_block_ids(pool: Any) -> list[int]:
+    """The ids in a vLLM free queue, head to tail."""
+    return [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
+
+
+def _ids(blocks: Any) -> GroupIds:
+    return tuple(tuple(block.block_id for block in group) for group in blocks.blocks)
+
+
+def _walk(node: Any, end: Any, limit: int, forward: bool) -> tuple[int, ...]:
+    # Bounded so that a corrupted (cyclic) list still returns; the invariants compare lengths.
+    ids: list[int] = []
+    while node is not None and node is not end and len(ids) <= limit:
+        ids.append(node.block_id)
+        node = node.next_free_block if forward else node.prev_free_block
+    return tuple(ids)
+
+
+# -- the target ---------------------------------------------------------------------
+
+
+class VllmTarget:
+    """Drives vLLM's ``KVCacheManager`` through the operations as vLLM's scheduler would.
+
+    A waiting request (``WAITING``, or ``PREEMPTED``) takes its local hit from
+    ``get_computed_blocks`` and passes it, with the external tokens, to
+    ``allocate_slots``; a running one asks for its new tokens only.  Admission
+    makes it ``RUNNING``; the scheduler then advances ``num_computed_tokens``
+    and appends the sampled token once the last one is computed.  Preemption
+    frees the request and resets it to recompute from 0.
+    """
+
+    name = "vllm"
+
+    def __init__(self, config: TargetConfig) -> None:
+        self._v = require_vllm()
+        self.config = config
+        self.manager = make_manager(config.groups, config.num_blocks, config.block_size, config.enable_caching)
+        self.pool = self.manager.block_pool
+        self.requests: dict[str, Any] = {}
+        self.running: set[str] = set()
+        # vLLM's block hashes are opaque bytes; observations speak of token prefixes.
+        self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
+        self._hashes_learned: dict[str, int] = {}
+
+    # -- operations -----------------------------------------------------------
+
+    def apply(self, op: Operation) -> StepResult:
+        if isinstance(op, AddRequest):
+            request = make_request(op.request_id, op.prompt, self.config.block_size)
+            self.requests[op.request_id] = request
+            self._hashes_learned[op.request_id] = 0
+            self._learn_hashes(request)
+            return StepResult()
+        if isinstance(op, Schedule):
+            return self._schedule(op)
+        if isinstance(op, Finish):
+            request = self.requests.pop(op.request_id)
+            request.status = self._v.RequestStatus.FINISHED_STOPPED
+            self.manager.free(request)
+            self.running.discard(op.request_id)
+            del self._hashes_learned[op.request_id]
+            return StepResult()
+        if isinstance(op, FailedLoad):
+            held = {block_id for table in self._table(op.request_id) for block_id in table if block_id}
+            self.manager.evict_blocks(held)
+            self._preempt(op.request_id)
+            return StepResult()
+        if isinstance(op, Preempt):
+            self._preempt(op.request_id)
+            return StepResult()
+        if isinstance(op, EvictBlocks):
+            self.manager.evict_blocks(set(op.block_ids))
+            return StepResult()
+        if isinstance(op, ResetPrefixCache):
+            return StepResult(reset_done=self.manager.reset_prefix_cache())
+        raise TypeError(f"unknown operation {op!r}")
+
+    def _schedule(self, op: Schedule) -> StepResult:
+        request = self.requests[op.request_id]
+        waiting = op.request_id not in self.running
+        if waiting:
+            hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
+            amounts = plan_schedule(op, request.num_tokens, request.num_computed_tokens, hit_length)
+            new_blocks = self.manager.allocate_slots(
+                request,
+                amounts.num_new_tokens,
+                num_new_computed_tokens=hit_length,
+                new_computed_blocks=hit_blocks,
+                num_external_computed_tokens=amounts.num_external_tokens,
+            )
+            hit_ids: GroupIds | None = _ids(hit_blocks)
+        else:
+            hit_length, hit_ids = 0, None
+            amounts = plan_schedule(op, request.num_tokens, request.num_computed_tokens, None)
+            new_blocks = self.manager.allocate_slots(request, amounts.num_new_tokens, new_computed_blocks=None)
+        result_hit_length = hit_length if waiting else None
+        if new_blocks is None:
+            return StepResult(admitted=False, hit_length=result_hit_length, hit_block_ids=hit_ids)
+        self.running.add(op.request_id)
+        request.status = self._v.RequestStatus.RUNNING
+        request.num_computed_tokens += hit_length + amounts.num_external_tokens + amounts.num_new_tokens
+        if request.num_computed_tokens == request.num_tokens:
+            request.append_output_token_ids(op.sampled_token)
+            self._learn_hashes(request)
+        return StepResult(
+            admitted=True,
+            hit_length=result_hit_length,
+            hit_block_ids=hit_ids,
+            new_block_ids=_ids(new_blocks),
+            num_external_tokens=amounts.num_external_tokens,
+        )
+
+    def _preempt(self, request_id: str) -> None:
+        request = self.requests[request_id]
+        self.manager.free(request)
+        request.num_computed_tokens = 0
+        if request_id in self.running:
+            request.status = self._v.RequestStatus.PREEMPTED
+            request.num_preemptions += 1
+        self.running.discard(request_id)
+
+    def _learn_hashes(self, request: Any) -> None:
+        block_size = self.config.block_size
+        tokens = request.all_token_ids
+        start = self._hashes_learned[request.request_id]
+        for index in range(start, len(request.block_hashes)):
+            self._prefix_of_hash.setdefault(request.block_hashes[index], tuple(tokens[: (index + 1) * block_size]))
+        self._hashes_learned[request.request_id] = len(request.block_hashes)
+
+    # -- observation ----------------------------------------------------------
+
+    def _table(self, request_id: str) -> tuple[tuple[int, ...], ...]:
+        groups = self.manager.coordinator.get_blocks(request_id)
+        return tuple(tuple(block.block_id for block in group) for group in groups)
+
+    def _key(self, key: bytes) -> CacheKey:
+        return self._v.get_group_id(key), self._prefix_of_hash[self._v.get_block_hash(key)]
+
+    def cache_map(self) -> list[tuple[bytes, int]]:
+        """Every entry of the pool's prefix-cache map as (hash with group id, block id)."""
+        entries = []
+        # BlockHashToBlockMap keeps one block, or a dict of blocks under one key.
+        for key, blocks in self.pool.cached_block_hash_to_block._cache.items():
+            for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+                entries.append((key, block.block_id))
+        return entries
+
+    def observe(self) -> Observation:
+        queue = self.pool.free_block_queue
+        head, tail, limit = queue.fake_free_list_head, queue.fake_free_list_tail, queue.num_free_blocks + 1
+        tables = {}
+        for request_id in self.requests:
+            table = self._table(request_id)
+            if any(table):
+                tables[request_id] = table
+        return Observation(
+            free_order=_walk(head.next_free_block, tail, limit, forward=True),
+            free_order_backward=_walk(tail.prev_free_block, head, limit, forward=False),
+            num_free=queue.num_free_blocks,
+            ref_counts={block.block_id: block.ref_cnt for block in self.pool.blocks[1:]},
+            tables=tables,
+            cache_entries=frozenset((*self._key(key), block_id) for key, block_id in self.cache_map()),
+            block_cache_keys={
+                block.block_id: self._key(block.block_hash)
+                for block in self.pool.blocks
+                if block.block_hash is not None
+            },
+        )
+
+    def check_internal(self) -> None:
+        """vLLM has no self-check; only the null block's standing is checked here."""
+        null = self.pool.null_block
+        assert null.block_id == 0, f"the null block is block {null.block_id}, not 0"
+        assert null.is_null, "block 0 lost its null mark"
+        assert null.prev_free_block is None, "the null block is linked into the free queue"
+        assert null.next_free_block is None, "the null block is linked into the free queue"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up a venv that can drive vLLM's own allocator (the `vllm` target), CPU only.
+#
+#   scripts/install-vllm-cpu.sh VENV_DIR
+#
+# vLLM's declared dependencies pull a multi-GB CUDA torch and GPU-only
+# packages, so this installs torch 2.13.0 first, then the packages vLLM's
+# allocator modules import (requirements-vllm-cpu.txt, pinned) and vLLM
+# itself, both without dependency resolution, then this checkout with its
+# test extras.  pip warns that vLLM asks for torch 2.14.0 and a few other
+# exact pins: harmless for the allocator code.  Where the default index
+# serves a CUDA torch, set TORCH_INDEX_URL to an index of CPU wheels.
+#
+# Kept out of the default set-up (.ci/run); the tests under tests/vllm skip
+# when vllm cannot be imported.
+set -euo pipefail
+
+if [ "$#" -ne 1 ]; then
+    echo "usage: $0 VENV_DIR" >&2
+    exit 2
+fi
+venv="$1"
+checkout="$(cd "$(dirname "$0")/.." && pwd)"
+
+python3 -m venv "$venv"
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    "$venv/bin/pip" install --index-url "$TORCH_INDEX_URL" torch==2.13.0
+else
+    "$venv/bin/pip" install torch==2.13.0
+fi
+"$venv/bin/pip" install --no-deps -r "$checkout/requirements-vllm-cpu.txt"
+"$venv/bin/pip" install --no-deps vllm==0.33.0
+"$venv/bin/pip" install -e "$checkout[test]"
+# Importing vLLM's allocator takes 7-14 s on a laptop.
+"$venv/bin/python" -c "import vllm.v1.core.kv_cache_manager"
+echo "vLLM target ready; from the checkout: $venv/bin/kvcheck replay regressions/traces/*.json --target vllm"
