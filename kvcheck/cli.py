@@ -187,14 +187,24 @@ def cmd_kill_matrix(args: argparse.Namespace) -> int:
     from kvcheck.faults import FAULTS
     from kvcheck.kill_matrix import KillBudget, format_table, kill_matrix
 
-    if args.target != "kvcore":
-        return _bad_input(f"the kill matrix plants faults into kvcore; target {args.target!r} is not supported")
-    names = args.faults.split(",") if args.faults else list(FAULTS)
-    unknown = [n for n in names if n not in FAULTS]
+    if args.target not in ("kvcore", "vllm"):
+        return _bad_input(f"the kill matrix plants faults into kvcore or vllm; target {args.target!r} has none")
+    catalogue = FAULTS
+    if args.target == "vllm":
+        from kvcheck.targets import load_target
+        from kvcheck.vllm_faults import VLLM_FAULTS
+
+        try:
+            load_target("vllm")
+        except ValueError as exc:
+            return _bad_input(str(exc))
+        catalogue = VLLM_FAULTS
+    names = args.faults.split(",") if args.faults else list(catalogue)
+    unknown = [n for n in names if n not in catalogue]
     if unknown:
         return _bad_input(f"unknown fault(s) {', '.join(unknown)}; see `kvcheck faults`")
     budget = KillBudget(seeds=tuple(range(args.seeds)), runs_per_seed=args.runs)
-    results = kill_matrix(names, budget, Path(args.traces))
+    results = kill_matrix(names, budget, Path(args.traces), target=args.target)
     for line in format_table(results):
         print(line)
     Path(args.json).write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")

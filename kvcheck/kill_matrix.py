@@ -17,6 +17,7 @@ import attrs
 from kvcheck.faults import FAULTS, Fault
 from kvcheck.shrink import shrink
 from kvcheck.swarm import Failure, swarm
+from kvcheck.targets import TargetFactory
 from kvcheck.trace import Expectation, Provenance, Trace
 
 
@@ -44,15 +45,19 @@ class KillResult:
         return fields
 
 
-def kill(fault: Fault, budget: KillBudget) -> KillResult:
-    """Hunt ``fault`` with the swarm driver and shrink what it finds."""
+def kill(fault: Fault, budget: KillBudget, make_target: TargetFactory | None = None) -> KillResult:
+    """Hunt ``fault`` with the swarm driver and shrink what it finds.
+
+    ``make_target`` builds the faulty target (default: kvcore with the fault planted).
+    """
+    make_target = make_target or fault.kvcore_target
     result = KillResult(fault.name, fault.description, killed=False)
     runs_before = 0
     seconds_before = 0.0
     best: Failure | None = None
     found = 0
     for seed in budget.seeds:
-        report = swarm(fault.kvcore_target, seed=seed, max_runs=budget.runs_per_seed)
+        report = swarm(make_target, seed=seed, max_runs=budget.runs_per_seed)
         if report.failure is None:
             runs_before += report.runs
             seconds_before += report.seconds
@@ -60,7 +65,7 @@ def kill(fault: Fault, budget: KillBudget) -> KillResult:
         if result.runs_to_first_failure is None:
             result.runs_to_first_failure = runs_before + report.runs
             result.seconds_to_first_failure = round(seconds_before + report.seconds, 2)
-        shrunk = shrink(fault.kvcore_target, report.failure)
+        shrunk = shrink(make_target, report.failure)
         if best is None or len(shrunk.ops) < len(best.ops):
             best = shrunk
         found += 1
@@ -85,11 +90,21 @@ def shrunk_trace(result: KillResult) -> Trace:
 
 
 def kill_matrix(
-    faults: Iterable[str] | None = None, budget: KillBudget = KillBudget(), traces_dir: Path | None = None
+    faults: Iterable[str] | None = None,
+    budget: KillBudget = KillBudget(),
+    traces_dir: Path | None = None,
+    target: str = "kvcore",
 ) -> list[KillResult]:
+    """Kill every named fault; ``target`` is 'kvcore' (every fault) or 'vllm' (the seed faults)."""
+    catalogue = FAULTS
+    if target == "vllm":
+        from kvcheck.vllm_faults import VLLM_FAULTS, vllm_target_with
+
+        catalogue = VLLM_FAULTS
     results = []
-    for name in faults or FAULTS:
-        result = kill(FAULTS[name], budget)
+    for name in faults or catalogue:
+        make_target = vllm_target_with(name) if target == "vllm" else None
+        result = kill(catalogue[name], budget, make_target)
         if result.killed and traces_dir is not None:
             traces_dir.mkdir(parents=True, exist_ok=True)
             path = traces_dir / f"{name}.json"

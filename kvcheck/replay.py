@@ -11,11 +11,16 @@ from models.invariants import InvariantViolation, StepCheck
 
 
 def resolve_target(target: str = "kvcore", fault: str | None = None) -> TargetFactory:
-    """The target factory for ``target``, with ``fault`` planted (kvcore only)."""
+    """The target factory for ``target``, with ``fault`` planted (kvcore, or vllm for the seed faults)."""
     if fault is None:
         return load_target(target)
+    if target == "vllm":
+        from kvcheck.vllm_faults import vllm_target_with
+
+        load_target("vllm")  # says clearly when vLLM is missing or another release
+        return vllm_target_with(fault)  # type: ignore[no-any-return]
     if target != "kvcore":
-        raise ValueError(f"--fault applies to the kvcore target only, not {target!r}")
+        raise ValueError(f"--fault applies to the kvcore and vllm targets only, not {target!r}")
     from kvcheck.faults import get_fault
 
     return get_fault(fault).kvcore_target

@@ -17,7 +17,8 @@ decoding, context parallelism, connector, or watermark.  They are shared with
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -55,12 +56,18 @@ class VllmUnavailable(ImportError):
     """vLLM cannot serve as a target: it is not importable, or not the supported release."""
 
 
+ACCEPT_VERSION_VARIABLE = "KVCHECK_ACCEPT_VLLM_VERSION"
+"""Names one more vLLM version to accept: a fork or checkout derived from the supported release."""
+
+
 def check_vllm_version(installed: str) -> None:
-    """Raise :class:`VllmUnavailable` unless ``installed`` is the supported vLLM release."""
-    if installed != SUPPORTED_VLLM_VERSION:
+    """Raise :class:`VllmUnavailable` unless ``installed`` is the supported release (or the one accepted
+    by name through ``KVCHECK_ACCEPT_VLLM_VERSION``)."""
+    if installed not in (SUPPORTED_VLLM_VERSION, os.environ.get(ACCEPT_VERSION_VARIABLE)):
         raise VllmUnavailable(
             f"vllm {installed} is installed, but the vLLM target supports vllm {SUPPORTED_VLLM_VERSION} "
-            f"only (kvcore's semantics are taken from that release); {INSTALL_HINT}"
+            f"only (kvcore's semantics are taken from that release); {INSTALL_HINT}; for a fork or checkout "
+            f"derived from {SUPPORTED_VLLM_VERSION}, set {ACCEPT_VERSION_VARIABLE}={installed}"
         )
 
 
@@ -209,10 +216,12 @@ class VllmTarget:
 
     name = "vllm"
 
-    def __init__(self, config: TargetConfig) -> None:
+    def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None) -> None:
         self._v = require_vllm()
         self.config = config
         self.manager = make_manager(config.groups, config.num_blocks, config.block_size, config.enable_caching)
+        if plant is not None:
+            plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()

@@ -18,7 +18,7 @@ vllm = pytest.importorskip(
 )
 
 from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
-from kvcheck.replay import replay  # noqa: E402
+from kvcheck.replay import replay, resolve_target  # noqa: E402
 from kvcheck.swarm import swarm  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import (  # noqa: E402
@@ -77,4 +77,26 @@ def test_short_swarm_run_keeps_every_invariant_on_vllm() -> None:
     """200 random runs (seed 0) drive vLLM and the model in lockstep without a violation."""
     report = swarm(load_target("vllm"), seed=0, max_runs=200)
     assert report.runs == 200
+    assert report.failure is None, str(report.failure.violation)
+
+
+SEED_TRACES = {
+    "fifo-reuse-when-caching-off": "s000_fifo_reuse_when_caching_off.json",
+    "interleaved-external-alloc": "s003_cross_group_double_allocation.json",
+}
+
+
+@pytest.mark.parametrize("fault", list(SEED_TRACES))
+def test_seed_fault_planted_into_vllm_fails_its_corpus_trace_as_tagged(fault: str) -> None:
+    """Each seed bug, patched onto one vLLM manager instance, fails its corpus trace with the tagged invariant."""
+    trace = load_trace(REPO / "regressions" / "traces" / SEED_TRACES[fault])
+    assert trace.expect is not None
+    outcome = replay(trace, resolve_target("vllm", fault))
+    assert outcome.violation is not None, f"{fault} went unnoticed on vLLM"
+    assert outcome.violation.invariant == trace.expect.invariant, str(outcome.violation)
+
+
+def test_kvcore_and_vllm_agree_step_by_step() -> None:
+    """The differential target (kvcore+vllm) sees identical results and states over 200 random runs."""
+    report = swarm(load_target("kvcore+vllm"), seed=1, max_runs=200)
     assert report.failure is None, str(report.failure.violation)

@@ -1,0 +1,93 @@
+"""The two seed faults expressed against vLLM 0.33.0, planted into one KVCacheManager instance.
+
+Like kvcheck.faults for kvcore: the installed package is never edited; the
+fault patches attributes of the manager object a target just built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcheck.config import TargetConfig
+from kvcheck.faults import Fault
+
+
+def _fifo_reuse_when_caching_off(manager: Any) -> None:
+    pool = manager.block_pool
+
+    def free_blocks(ordered_blocks: Any) -> None:
+        to_head, to_tail = [], []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                # vLLM PR #48017 as merged: `and` where `or not` was meant.
+                if block.block_hash is None and pool.enable_caching:
+                    to_head.append(block)
+                else:
+                    to_tail.append(block)
+        pool.free_block_queue.prepend_n(to_head)
+        pool.free_block_queue.append_n(to_tail)
+
+    pool.free_blocks = free_blocks
+
+
+def _interleaved_external_alloc(manager: Any) -> None:
+    coordinator = manager.coordinator
+
+    def allocate_new_computed_blocks(
+        request_id: str,
+        new_computed_blocks: Any,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> None:
+        managers = coordinator.single_type_managers
+        if any(request_id in m.num_cached_block for m in managers):
+            return
+        # Before the fix of issue #33775: each group takes its hit, then
+        # allocates for external tokens, before the next group touches its hit.
+        for group_manager, hit in zip(managers, new_computed_blocks):
+            group_manager.add_local_computed_blocks(
+                request_id, hit, num_local_computed_tokens, num_external_computed_tokens
+            )
+            if num_external_computed_tokens > 0:
+                group_manager.allocate_external_computed_blocks(
+                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                )
+
+    coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks
+
+
+VLLM_FAULTS: dict[str, Fault] = {
+    fault.name: fault
+    for fault in (
+        Fault(
+            "fifo-reuse-when-caching-off",
+            "vLLM BlockPool.free_blocks with `hash is None and enable_caching` (seed 000)",
+            _fifo_reuse_when_caching_off,
+        ),
+        Fault(
+            "interleaved-external-alloc",
+            "vLLM coordinator allocating external blocks group by group, before later groups touch their hits "
+            "(seed 003)",
+            _interleaved_external_alloc,
+        ),
+    )
+}
+
+
+def vllm_target_with(name: str) -> Any:
+    """A vLLM target factory with the named seed fault planted."""
+    from kvcheck.targets.vllm_target import VllmTarget
+
+    try:
+        fault = VLLM_FAULTS[name]
+    except KeyError:
+        raise ValueError(f"fault {name!r} is not expressed against vLLM; these are: {', '.join(VLLM_FAULTS)}") from None
+
+    def make(config: TargetConfig) -> VllmTarget:
+        return VllmTarget(config, plant=fault.plant)
+
+    return make
