@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.targets import TargetFactory
@@ -11,8 +14,15 @@ from stateful_tests.manager_machine import manager_machine
 
 def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_groups: int | None) -> None:
     """Interleaved schedule / decode / preempt / failed-load / evict / reset / finish sequences
-    across 1 to 4 hybrid groups keep every named invariant after every step."""
+    across 1 to 4 hybrid groups keep every named invariant after every step, and, under a
+    derandomized profile (ci), reach every coverage label."""
     LABELS_SEEN.clear()
     run_state_machine_as_test(manager_machine(make_target, num_groups))
     missing = [label for label in ALL_LABELS if not LABELS_SEEN[label]]
-    assert not missing, f"coverage labels never reached: {missing}; seen: {dict(LABELS_SEEN)}"
+    if not missing:
+        return
+    message = f"coverage labels never reached: {missing}; seen: {dict(LABELS_SEEN)}"
+    # A derandomized run is the same every time, so a missed label is a generator
+    # regression; a randomized run may just have been unlucky.
+    assert not settings.default.derandomize, message
+    warnings.warn(message, stacklevel=1)
