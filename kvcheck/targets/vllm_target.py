@@ -24,19 +24,8 @@ from typing import Any
 
 from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.observation import CacheKey, Observation
-from kvcheck.ops import (
-    AddRequest,
-    EvictBlocks,
-    FailedLoad,
-    Finish,
-    GroupIds,
-    Operation,
-    Preempt,
-    ResetPrefixCache,
-    Schedule,
-    StepResult,
-    plan_schedule,
-)
+from kvcheck.ops import GroupIds
+from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
 
 SUPPORTED_VLLM_VERSION = "0.33.0"
 INSTALL_HINT = (
@@ -187,10 +176,6 @@ def free_block_ids(pool: Any) -> list[int]:
     return [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
 
 
-def _ids(blocks: Any) -> GroupIds:
-    return tuple(tuple(block.block_id for block in group) for group in blocks.blocks)
-
-
 def _walk(node: Any, end: Any, limit: int, forward: bool) -> tuple[int, ...]:
     # Bounded so that a corrupted (cyclic) list still returns; the invariants compare lengths.
     ids: list[int] = []
@@ -203,122 +188,77 @@ def _walk(node: Any, end: Any, limit: int, forward: bool) -> tuple[int, ...]:
 # -- the target ---------------------------------------------------------------------
 
 
-class VllmTarget:
+class VllmTarget(SchedulerDrivenTarget):
     """Drives vLLM's ``KVCacheManager`` through the operations as vLLM's scheduler would.
 
-    A waiting request (``WAITING``, or ``PREEMPTED``) takes its local hit from
-    ``get_computed_blocks`` and passes it, with the external tokens, to
-    ``allocate_slots``; a running one asks for its new tokens only.  Admission
-    makes it ``RUNNING``; the scheduler then advances ``num_computed_tokens``
-    and appends the sampled token once the last one is computed.  Preemption
-    frees the request and resets it to recompute from 0.
+    A waiting request (``WAITING``, or ``PREEMPTED``) passes its local hit
+    from ``get_computed_blocks``, with the external tokens, to
+    ``allocate_slots``; admission makes it ``RUNNING``; preemption makes a
+    running request ``PREEMPTED``; a finished one is ``FINISHED_STOPPED``.
     """
 
     name = "vllm"
 
     def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None) -> None:
         self._v = require_vllm()
-        self.config = config
+        super().__init__(config)
         self.manager = make_manager(config.groups, config.num_blocks, config.block_size, config.enable_caching)
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool
-        self.requests: dict[str, Any] = {}
-        self.running: set[str] = set()
-        # vLLM's block hashes are opaque bytes; observations speak of token prefixes.
-        self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
-        self._hashes_learned: dict[str, int] = {}
 
-    # -- operations -----------------------------------------------------------
+    def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
+        return make_request(request_id, prompt, self.config.block_size)
 
-    def apply(self, op: Operation) -> StepResult:
-        if isinstance(op, AddRequest):
-            request = make_request(op.request_id, op.prompt, self.config.block_size)
-            self.requests[op.request_id] = request
-            self._hashes_learned[op.request_id] = 0
-            self._learn_hashes(request)
-            return StepResult()
-        if isinstance(op, Schedule):
-            return self._schedule(op)
-        if isinstance(op, Finish):
-            request = self.requests.pop(op.request_id)
-            request.status = self._v.RequestStatus.FINISHED_STOPPED
-            self.manager.free(request)
-            self.running.discard(op.request_id)
-            del self._hashes_learned[op.request_id]
-            return StepResult()
-        if isinstance(op, FailedLoad):
-            held = {block_id for table in self._table(op.request_id) for block_id in table if block_id}
-            self.manager.evict_blocks(held)
-            self._preempt(op.request_id)
-            return StepResult()
-        if isinstance(op, Preempt):
-            self._preempt(op.request_id)
-            return StepResult()
-        if isinstance(op, EvictBlocks):
-            self.manager.evict_blocks(set(op.block_ids))
-            return StepResult()
-        if isinstance(op, ResetPrefixCache):
-            return StepResult(reset_done=self.manager.reset_prefix_cache())
-        raise TypeError(f"unknown operation {op!r}")
+    def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
+        hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
+        return hit_blocks, hit_length
 
-    def _schedule(self, op: Schedule) -> StepResult:
-        request = self.requests[op.request_id]
-        waiting = op.request_id not in self.running
-        if waiting:
-            hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
-            amounts = plan_schedule(op, request.num_tokens, request.num_computed_tokens, hit_length)
-            new_blocks = self.manager.allocate_slots(
-                request,
-                amounts.num_new_tokens,
-                num_new_computed_tokens=hit_length,
-                new_computed_blocks=hit_blocks,
-                num_external_computed_tokens=amounts.num_external_tokens,
-            )
-            hit_ids: GroupIds | None = _ids(hit_blocks)
-        else:
-            hit_length, hit_ids = 0, None
-            amounts = plan_schedule(op, request.num_tokens, request.num_computed_tokens, None)
-            new_blocks = self.manager.allocate_slots(request, amounts.num_new_tokens, new_computed_blocks=None)
-        result_hit_length = hit_length if waiting else None
-        if new_blocks is None:
-            return StepResult(admitted=False, hit_length=result_hit_length, hit_block_ids=hit_ids)
-        self.running.add(op.request_id)
-        request.status = self._v.RequestStatus.RUNNING
-        request.num_computed_tokens += hit_length + amounts.num_external_tokens + amounts.num_new_tokens
-        if request.num_computed_tokens == request.num_tokens:
-            request.append_output_token_ids(op.sampled_token)
-            self._learn_hashes(request)
-        return StepResult(
-            admitted=True,
-            hit_length=result_hit_length,
-            hit_block_ids=hit_ids,
-            new_block_ids=_ids(new_blocks),
-            num_external_tokens=amounts.num_external_tokens,
+    def _allocate_slots(self, request: Any, num_new_tokens: int, hit: tuple[Any, int] | None, external: int) -> Any:
+        if hit is None:
+            return self.manager.allocate_slots(request, num_new_tokens, new_computed_blocks=None)
+        hit_blocks, hit_length = hit
+        return self.manager.allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens=hit_length,
+            new_computed_blocks=hit_blocks,
+            num_external_computed_tokens=external,
         )
 
-    def _preempt(self, request_id: str) -> None:
-        request = self.requests[request_id]
+    def _free(self, request: Any) -> None:
         self.manager.free(request)
-        request.num_computed_tokens = 0
-        if request_id in self.running:
+
+    def _evict(self, block_ids: set[int]) -> None:
+        self.manager.evict_blocks(block_ids)
+
+    def _reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def _block_ids(self, blocks: Any) -> GroupIds:
+        return block_ids(blocks.blocks)  # a KVCacheBlocks wraps one tuple of blocks per group
+
+    def _on_admitted(self, request: Any) -> None:
+        request.status = self._v.RequestStatus.RUNNING
+
+    def _on_preempted(self, request: Any, was_running: bool) -> None:
+        if was_running:
             request.status = self._v.RequestStatus.PREEMPTED
             request.num_preemptions += 1
-        self.running.discard(request_id)
 
-    def _learn_hashes(self, request: Any) -> None:
-        block_size = self.config.block_size
-        tokens = request.all_token_ids
-        start = self._hashes_learned[request.request_id]
-        for index in range(start, len(request.block_hashes)):
-            self._prefix_of_hash.setdefault(request.block_hashes[index], tuple(tokens[: (index + 1) * block_size]))
-        self._hashes_learned[request.request_id] = len(request.block_hashes)
+    def _on_finished(self, request: Any) -> None:
+        request.status = self._v.RequestStatus.FINISHED_STOPPED
 
     # -- observation ----------------------------------------------------------
 
-    def _table(self, request_id: str) -> tuple[tuple[int, ...], ...]:
-        groups = self.manager.coordinator.get_blocks(request_id)
-        return tuple(tuple(block.block_id for block in group) for group in groups)
+    def _table(self, request_id: str) -> GroupIds:
+        return block_ids(self.manager.coordinator.get_blocks(request_id))
+
+    def _holding_request_ids(self) -> list[str]:
+        held: dict[str, None] = {}
+        for manager in self.manager.coordinator.single_type_managers:
+            held.update(dict.fromkeys(manager.req_to_blocks))
+        return list(held)
 
     def _key(self, key: bytes) -> CacheKey:
         return self._v.get_group_id(key), self._prefix_of_hash[self._v.get_block_hash(key)]
@@ -335,17 +275,12 @@ class VllmTarget:
     def observe(self) -> Observation:
         queue = self.pool.free_block_queue
         head, tail, limit = queue.fake_free_list_head, queue.fake_free_list_tail, queue.num_free_blocks + 1
-        tables = {}
-        for request_id in self.requests:
-            table = self._table(request_id)
-            if any(table):
-                tables[request_id] = table
         return Observation(
             free_order=_walk(head.next_free_block, tail, limit, forward=True),
             free_order_backward=_walk(tail.prev_free_block, head, limit, forward=False),
             num_free=queue.num_free_blocks,
             ref_counts={block.block_id: block.ref_cnt for block in self.pool.blocks[1:]},
-            tables=tables,
+            tables=self.tables(),
             cache_entries=frozenset((*self._key(key), block_id) for key, block_id in self.cache_map()),
             block_cache_keys={
                 block.block_id: self._key(block.block_hash)
