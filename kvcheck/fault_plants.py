@@ -13,6 +13,7 @@ comment that names the bug.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -27,22 +28,43 @@ from kvcore.managers.base import HitBlocks
 # -- seed faults -------------------------------------------------------------
 
 
+def release_with_and_condition(blocks: Iterable[Any], enable_caching: bool) -> tuple[list[Any], list[Any]]:
+    """Drop one reference on each block; route the freed ones with the seed-000 condition.
+
+    The seed bug: ``hash is None and caching_on`` where ``hash is None or not
+    caching_on`` was meant, so with caching off every freed block goes to the
+    tail (FIFO reuse).  Works on kvcore's and vLLM's blocks alike; returns
+    (blocks for the head, blocks for the tail).
+    """
+    to_head, to_tail = [], []
+    for block in blocks:
+        if block.is_null:
+            continue
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.block_hash is None and enable_caching:
+                to_head.append(block)
+            else:
+                to_tail.append(block)
+    return to_head, to_tail
+
+
+def take_hits_and_external_interleaved(
+    group_managers: Sequence[Any], request_id: str, hits: Any, num_local: int, num_external: int
+) -> None:
+    """The seed-003 bug: each group takes its hit and allocates for the external tokens before
+    the next group has touched its own hit.  kvcore's and vLLM's managers share these method names."""
+    for group_manager, hit in zip(group_managers, hits):
+        group_manager.add_local_computed_blocks(request_id, hit, num_local, num_external)
+        if num_external > 0:
+            group_manager.allocate_external_computed_blocks(request_id, num_local, num_external)
+
+
 def plant_fifo_reuse_when_caching_off(manager: kvcore.KVCacheManager) -> None:
     pool = manager.block_pool
 
     def free_blocks(blocks_in_eviction_order: Iterable[KVBlock]) -> None:
-        to_head, to_tail = [], []
-        for block in blocks_in_eviction_order:
-            if block.is_null:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                # The seed bug: `and` where `or not` was meant, so with caching
-                # off every freed block goes to the tail (FIFO reuse).
-                if block.block_hash is None and pool.enable_caching:
-                    to_head.append(block)
-                else:
-                    to_tail.append(block)
+        to_head, to_tail = release_with_and_condition(blocks_in_eviction_order, pool.enable_caching)
         pool.free_queue.prepend_n(to_head)
         pool.free_queue.append_n(to_tail)
 
@@ -60,16 +82,13 @@ def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
     ) -> None:
         if any(request_id in m.num_cached_blocks for m in coordinator.managers):
             return
-        # The seed bug: each group takes its hit and then allocates for the
-        # external tokens before the next group has touched its own hit.
-        for group_manager, hit in zip(coordinator.managers, new_computed_blocks):
-            group_manager.add_local_computed_blocks(
-                request_id, hit, num_local_computed_tokens, num_external_computed_tokens
-            )
-            if num_external_computed_tokens > 0:
-                group_manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
-                )
+        take_hits_and_external_interleaved(
+            coordinator.managers,
+            request_id,
+            new_computed_blocks,
+            num_local_computed_tokens,
+            num_external_computed_tokens,
+        )
 
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
 

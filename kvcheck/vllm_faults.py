@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcheck.config import TargetConfig
+from kvcheck.fault_plants import release_with_and_condition, take_hits_and_external_interleaved
 from kvcheck.faults import Fault
 
 
@@ -16,17 +17,8 @@ def _fifo_reuse_when_caching_off(manager: Any) -> None:
     pool = manager.block_pool
 
     def free_blocks(ordered_blocks: Any) -> None:
-        to_head, to_tail = [], []
-        for block in ordered_blocks:
-            if block.is_null:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                # vLLM PR #48017 as merged: `and` where `or not` was meant.
-                if block.block_hash is None and pool.enable_caching:
-                    to_head.append(block)
-                else:
-                    to_tail.append(block)
+        # vLLM PR #48017 as merged.
+        to_head, to_tail = release_with_and_condition(ordered_blocks, pool.enable_caching)
         pool.free_block_queue.prepend_n(to_head)
         pool.free_block_queue.append_n(to_tail)
 
@@ -46,16 +38,10 @@ def _interleaved_external_alloc(manager: Any) -> None:
         managers = coordinator.single_type_managers
         if any(request_id in m.num_cached_block for m in managers):
             return
-        # Before the fix of issue #33775: each group takes its hit, then
-        # allocates for external tokens, before the next group touches its hit.
-        for group_manager, hit in zip(managers, new_computed_blocks):
-            group_manager.add_local_computed_blocks(
-                request_id, hit, num_local_computed_tokens, num_external_computed_tokens
-            )
-            if num_external_computed_tokens > 0:
-                group_manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
-                )
+        # Before the fix of issue #33775.
+        take_hits_and_external_interleaved(
+            managers, request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+        )
 
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks
 
