@@ -62,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--groups",
         type=int,
         default=None,
-        help="fix the number of KV-cache groups (default: drawn from 1 to 4 per run)",
+        help="fix the number of KV-cache groups (default: one run drawing 1 to 4 per example, then 2, 3 and 4)",
     )
 
 
@@ -77,12 +77,20 @@ def make_target(request: pytest.FixtureRequest) -> TargetFactory:
     return get_fault(fault_name).kvcore_target
 
 
-@pytest.fixture
-def num_groups(request: pytest.FixtureRequest) -> int | None:
-    groups: int | None = request.config.getoption("--groups")
+GROUP_LAYOUTS: tuple[int | None, ...] = (None, 2, 3, 4)
+"""Group counts the manager machine runs with when --groups is not given: drawn from 1 to 4
+per run, then 2, 3 and 4 fixed, so every hybrid width gets its own full example budget."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "num_groups" not in metafunc.fixturenames:
+        return
+    groups: int | None = metafunc.config.getoption("--groups")
     if groups is not None and not 1 <= groups <= 8:
         raise pytest.UsageError(f"--groups={groups}: must be between 1 and 8")
-    return groups
+    layouts = GROUP_LAYOUTS if groups is None else (groups,)
+    ids = ["groups-1-to-4" if n is None else f"groups-{n}" for n in layouts]
+    metafunc.parametrize("num_groups", layouts, ids=ids)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -62,11 +62,19 @@ def manager_machine(
             target(float(self.warm_external_hits), label="external tokens with a hit on a warm pool")
 
         @initialize(
-            target=requests, config=target_configs(num_groups), warm_start=st.booleans(), extra=st.integers(1, 3)
+            target=requests,
+            config=target_configs(num_groups),
+            warm_start=st.booleans(),
+            extra=st.integers(2, 4),
+            resume_external_tokens=st.none() | st.integers(0, 8),
         )
-        def configure(self, config: TargetConfig, warm_start: bool, extra: int) -> object:
+        def configure(
+            self, config: TargetConfig, warm_start: bool, extra: int, resume_external_tokens: int | None
+        ) -> object:
             """Draw the configuration; on a warm start, begin under memory pressure: a request whose
-            prefill took every free block was preempted, leaving the pool full of its cached blocks."""
+            prefill took every free block was preempted, leaving the pool full of its cached blocks,
+            and may have been resumed at once (as a scheduler resumes preempted requests first),
+            part of its prompt loaded by a KV connector."""
             note(f"config: {config.describe()}")
             self.lockstep = Lockstep(make_target, config, check=check)
             per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size
@@ -75,6 +83,8 @@ def manager_machine(
             request_id = self.add_request((0,) * (per_group_tokens + extra))
             self._step(Schedule(request_id, per_group_tokens, 0, 0))
             self._step(Preempt(request_id))
+            if resume_external_tokens is not None:
+                self._step(Schedule(request_id, extra, resume_external_tokens, 0))
             return request_id
 
         @precondition(lambda self: len(self.lockstep.model.requests) < MAX_LIVE_REQUESTS)

@@ -23,15 +23,31 @@ def group_specs(draw: st.DrawFn, block_size: int) -> GroupSpec:
 
 
 @st.composite
+def local_group_specs(draw: st.DrawFn, block_size: int) -> GroupSpec:
+    """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
+    if draw(st.booleans()):
+        return GroupSpec("sliding_window", draw(st.integers(2, 4 * block_size)))
+    return GroupSpec("chunked_local", block_size * draw(st.integers(1, 4)))
+
+
+@st.composite
 def target_configs(draw: st.DrawFn, num_groups: int | None = None) -> TargetConfig:
     """Small pools (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed kinds."""
     # One-token blocks make every computed block full and cached, so the free
     # queue fills with cached blocks: where reuse-order bugs show.
     block_size = draw(st.sampled_from([1, 1, 1, 2, 3, 4]))
     count = num_groups if num_groups is not None else draw(st.integers(1, 4))
-    groups = tuple(draw(group_specs(block_size)) for _ in range(count))
+    if count > 1 and draw(st.booleans()):
+        # Laid out like a shipped hybrid model (Gemma 3, Llama 4): full attention
+        # first, then local layers whose short windows drop blocks early, so a
+        # prefix hit leaves some of each local group's blocks in the free queue.
+        groups = (GroupSpec("full"), *(draw(local_group_specs(block_size)) for _ in range(count - 1)))
+    else:
+        groups = tuple(draw(group_specs(block_size)) for _ in range(count))
     return TargetConfig(
-        num_blocks=draw(st.integers(4, 32)),
+        # Half the pools are large enough for a long prefill to leave room after
+        # its windows dropped blocks; tiny pools keep exhaustion frequent.
+        num_blocks=draw(st.integers(4, 32) | st.integers(16, 32)),
         block_size=block_size,
         groups=groups,
         enable_caching=draw(st.booleans()),
