@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, settings
 from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
 from kvcheck.repro import failing_trace, write_repro
-from kvcheck.targets import TargetFactory, load_target
+from kvcheck.targets import TargetFactory, component_allocators, load_target
 from models.invariants import InvariantViolation
 
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -83,6 +83,8 @@ per run, then 2, 3 and 4 fixed, so every hybrid width gets its own full example 
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "allocator" in metafunc.fixturenames:
+        _parametrize_allocators(metafunc)
     if "num_groups" not in metafunc.fixturenames:
         return
     groups: int | None = metafunc.config.getoption("--groups")
@@ -91,6 +93,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     layouts = GROUP_LAYOUTS if groups is None else (groups,)
     ids = ["groups-1-to-4" if n is None else f"groups-{n}" for n in layouts]
     metafunc.parametrize("num_groups", layouts, ids=ids)
+
+
+def _parametrize_allocators(metafunc: pytest.Metafunc) -> None:
+    """The free-queue and block-pool machines run on each built-in allocator that --target names."""
+    spec = metafunc.config.getoption("--target")
+    allocators = component_allocators(spec)
+    if allocators:
+        metafunc.parametrize("allocator", allocators)
+        return
+    reason = f"--target {spec} names no built-in allocator; its free queue and block pool have no target"
+    metafunc.parametrize("allocator", [pytest.param(spec, marks=pytest.mark.skip(reason=reason))])
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -25,6 +25,10 @@ PoolEntry = tuple[int, int, int]
 class PoolTarget(Protocol):
     """A block pool named by block ids and int keys (see :mod:`kvcheck.targets.kvcore_pool`)."""
 
+    moves_cached_blocks: bool
+    """Whether ``cache`` accepts blocks cached already, moving them to the new key (kvcore does;
+    vLLM re-enters a cached block only when a partial block becomes full)."""
+
     @property
     def num_free(self) -> int: ...
     def get_new_blocks(self, n_blocks: int) -> list[int] | None: ...
@@ -130,12 +134,20 @@ def block_pool_machine(make_pool: PoolFactory) -> type[RuleBasedStateMachine]:
             self._note(f"touch {name} keys={keys} -> {block_ids}")
             return name
 
+        # With caching off no manager caches a block, so the machine does not either: vLLM's
+        # pool would then keep a reused block's cache entry, outside any caller's contract.
+        @precondition(lambda self: self.model.enable_caching)
         @rule(holder=holders, group_id=st.integers(0, NUM_GROUPS - 1), rekey=st.booleans(), data=st.data())
         def cache(self, holder: str, group_id: int, rekey: bool, data: st.DataObject) -> None:
-            """Enter a holder's uncached blocks (with ``rekey``, all its blocks) under fresh keys;
-            a key may instead be shared with a block already cached, as blocks are not de-duplicated."""
+            """Enter a holder's uncached blocks (with ``rekey``, where the pool moves cached blocks, all
+            its blocks) under fresh keys; a key may instead be shared with a block already cached, as
+            blocks are not de-duplicated."""
             held = self.model.holders[holder]
-            block_ids = list(held) if rekey else [block_id for block_id in held if block_id not in self.model.cache]
+            block_ids = (
+                list(held)
+                if rekey and self.pool.moves_cached_blocks
+                else [block_id for block_id in held if block_id not in self.model.cache]
+            )
             in_group = sorted({prefix[0] for g, prefix in self.model.cache.values() if g == group_id})
             keys = []
             for _ in block_ids:

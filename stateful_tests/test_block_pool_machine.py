@@ -1,14 +1,14 @@
-"""The block-pool machine against kvcore's BlockPool."""
+"""The block-pool machine against each built-in allocator --target names (kvcore by default)."""
 
 from __future__ import annotations
 
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.targets.kvcore_pool import KvcorePool
+from kvcheck.targets import load_pool
 from stateful_tests.block_pool_machine import block_pool_machine
 
 
-def test_block_pool_matches_the_pool_model_after_every_step() -> None:
+def test_block_pool_matches_the_pool_model_after_every_step(allocator: str) -> None:
     """Interleaved allocate / touch / cache / free / evict / reset sequences, with caching on or off,
     keep the free order, ref counts and cache entries equal to the pool model's."""
-    run_state_machine_as_test(block_pool_machine(KvcorePool))
+    run_state_machine_as_test(block_pool_machine(load_pool(allocator)))

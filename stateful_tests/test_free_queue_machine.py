@@ -1,14 +1,14 @@
-"""The free-queue machine against kvcore's FreeBlockQueue."""
+"""The free-queue machine against each built-in allocator --target names (kvcore by default)."""
 
 from __future__ import annotations
 
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.targets.kvcore_queue import KvcoreQueue
+from kvcheck.targets import load_queue
 from stateful_tests.free_queue_machine import free_queue_machine
 
 
-def test_free_queue_walks_match_a_plain_list_after_every_step() -> None:
+def test_free_queue_walks_match_a_plain_list_after_every_step(allocator: str) -> None:
     """Interleaved popleft_n / remove / append_n / prepend_n keep both walks, the count and the
     queue's self-check equal to a plain list of block ids."""
-    run_state_machine_as_test(free_queue_machine(KvcoreQueue))
+    run_state_machine_as_test(free_queue_machine(load_queue(allocator)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvcheck.config import TargetConfig
 from kvcheck.observation import Observation
@@ -69,3 +69,39 @@ def load_target(spec: str) -> TargetFactory:
     except AttributeError as exc:
         raise ValueError(f"target {spec!r}: module {module_name!r} has no attribute {attr!r}") from exc
     return factory
+
+
+BUILT_IN_ALLOCATORS = ("kvcore", "vllm")
+"""Allocators whose free queue and block pool have targets of their own, for the component machines."""
+
+
+def component_allocators(spec: str) -> list[str]:
+    """The built-in allocators that ``spec`` names (``kvcore+vllm`` names both); a
+    ``package.module:factory`` target has no free-queue or block-pool target."""
+    return [part for part in spec.split("+") if part in BUILT_IN_ALLOCATORS]
+
+
+def load_queue(allocator: str) -> Callable[[int], Any]:
+    """The free-queue target factory of a built-in allocator (see :mod:`stateful_tests.free_queue_machine`)."""
+    if allocator == "kvcore":
+        from kvcheck.targets.kvcore_queue import KvcoreQueue
+
+        return KvcoreQueue
+    if allocator == "vllm":
+        from kvcheck.targets.vllm_queue import VllmQueue
+
+        return VllmQueue
+    raise ValueError(f"allocator {allocator!r}: the free-queue machine drives {' or '.join(BUILT_IN_ALLOCATORS)}")
+
+
+def load_pool(allocator: str) -> Callable[[int, bool], Any]:
+    """The block-pool target factory of a built-in allocator (see :mod:`stateful_tests.block_pool_machine`)."""
+    if allocator == "kvcore":
+        from kvcheck.targets.kvcore_pool import KvcorePool
+
+        return KvcorePool
+    if allocator == "vllm":
+        from kvcheck.targets.vllm_pool import VllmPool
+
+        return VllmPool
+    raise ValueError(f"allocator {allocator!r}: the block-pool machine drives {' or '.join(BUILT_IN_ALLOCATORS)}")

@@ -21,6 +21,7 @@ class KvcorePool:
     """
 
     name = "kvcore"
+    moves_cached_blocks = True
 
     def __init__(
         self,

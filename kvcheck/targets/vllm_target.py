@@ -26,6 +26,7 @@ from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.observation import CacheKey, Observation
 from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
+from kvcheck.targets.vllm_queue import backward_ids, forward_ids
 
 SUPPORTED_VLLM_VERSION = "0.33.0"
 INSTALL_HINT = (
@@ -107,6 +108,9 @@ def _import_allocator(version: str) -> SimpleNamespace:
         get_group_id=kv_cache_utils.get_group_id,
         get_request_block_hasher=kv_cache_utils.get_request_block_hasher,
         BlockPool=BlockPool,
+        FreeKVCacheBlockQueue=kv_cache_utils.FreeKVCacheBlockQueue,
+        KVCacheBlock=kv_cache_utils.KVCacheBlock,
+        make_block_hash_with_group_id=kv_cache_utils.make_block_hash_with_group_id,
         KVCacheManager=KVCacheManager,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
@@ -176,13 +180,14 @@ def free_block_ids(pool: Any) -> list[int]:
     return [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
 
 
-def _walk(node: Any, end: Any, limit: int, forward: bool) -> tuple[int, ...]:
-    # Bounded so that a corrupted (cyclic) list still returns; the invariants compare lengths.
-    ids: list[int] = []
-    while node is not None and node is not end and len(ids) <= limit:
-        ids.append(node.block_id)
-        node = node.next_free_block if forward else node.prev_free_block
-    return tuple(ids)
+def cache_map(pool: Any) -> list[tuple[bytes, int]]:
+    """Every entry of a vLLM pool's prefix-cache map as (hash with group id, block id)."""
+    entries = []
+    # BlockHashToBlockMap keeps one block, or a dict of blocks under one key.
+    for key, blocks in pool.cached_block_hash_to_block._cache.items():
+        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+            entries.append((key, block.block_id))
+    return entries
 
 
 # -- the target ---------------------------------------------------------------------
@@ -263,25 +268,15 @@ class VllmTarget(SchedulerDrivenTarget):
     def _key(self, key: bytes) -> CacheKey:
         return self._v.get_group_id(key), self._prefix_of_hash[self._v.get_block_hash(key)]
 
-    def cache_map(self) -> list[tuple[bytes, int]]:
-        """Every entry of the pool's prefix-cache map as (hash with group id, block id)."""
-        entries = []
-        # BlockHashToBlockMap keeps one block, or a dict of blocks under one key.
-        for key, blocks in self.pool.cached_block_hash_to_block._cache.items():
-            for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-                entries.append((key, block.block_id))
-        return entries
-
     def observe(self) -> Observation:
         queue = self.pool.free_block_queue
-        head, tail, limit = queue.fake_free_list_head, queue.fake_free_list_tail, queue.num_free_blocks + 1
         return Observation(
-            free_order=_walk(head.next_free_block, tail, limit, forward=True),
-            free_order_backward=_walk(tail.prev_free_block, head, limit, forward=False),
+            free_order=tuple(forward_ids(queue)),
+            free_order_backward=tuple(backward_ids(queue)),
             num_free=queue.num_free_blocks,
             ref_counts={block.block_id: block.ref_cnt for block in self.pool.blocks[1:]},
             tables=self.tables(),
-            cache_entries=frozenset((*self._key(key), block_id) for key, block_id in self.cache_map()),
+            cache_entries=frozenset((*self._key(key), block_id) for key, block_id in cache_map(self.pool)),
             block_cache_keys={
                 block.block_id: self._key(block.block_hash)
                 for block in self.pool.blocks
