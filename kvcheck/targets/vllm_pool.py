@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
+from kvcheck.targets.id_named_pool import IdNamedPool, PoolEntry
 from kvcheck.targets.vllm_queue import backward_ids, check_free_list, forward_ids
 from kvcheck.targets.vllm_target import cache_map, make_block_pool, require_vllm
-
-PoolEntry = tuple[int, int, int]
-"""A prefix-cache entry as (group id, key token, block id)."""
 
 HASH_BLOCK_SIZE = 1
 """Each key stands for one block's hash; the pool hashes (and caches) one block per key."""
 
 
-class VllmPool:
+class VllmPool(IdNamedPool):
     """vLLM's block pool, whose blocks are named by id and whose cache keys are small ints.
 
     Blocks are entered in the cache the way vLLM's managers do it, through
@@ -29,38 +25,13 @@ class VllmPool:
 
     name = "vllm"
     moves_cached_blocks = False
+    refusal = ValueError
 
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         self._v = require_vllm()
-        self.pool = make_block_pool(num_blocks, enable_caching, HASH_BLOCK_SIZE)
-        self._key_of_hash: dict[bytes, int] = {}
-
-    def _hash(self, key: int) -> bytes:
-        block_hash = hashlib.sha256(b"kvcheck/pool-key/%d" % key).digest()
-        self._key_of_hash[block_hash] = key
-        return block_hash
-
-    def _blocks(self, block_ids: Sequence[int]) -> list[Any]:
-        return [self.pool.blocks[block_id] for block_id in block_ids]
+        super().__init__(make_block_pool(num_blocks, enable_caching, HASH_BLOCK_SIZE))
 
     # -- operations -----------------------------------------------------------
-
-    def get_new_blocks(self, n_blocks: int) -> list[int] | None:
-        """Allocate ``n_blocks`` from the head; ``None`` if the pool refused (fewer free).
-
-        vLLM refuses with a ``ValueError`` raised before anything changes.
-        """
-        try:
-            blocks = self.pool.get_new_blocks(n_blocks)
-        except ValueError:
-            return None
-        return [block.block_id for block in blocks]
-
-    def touch(self, block_ids: Sequence[int]) -> None:
-        self.pool.touch(self._blocks(block_ids))
-
-    def free(self, block_ids_in_eviction_order: Sequence[int]) -> None:
-        self.pool.free_blocks(self._blocks(block_ids_in_eviction_order))
 
     def cache(self, block_ids: Sequence[int], keys: Sequence[int], group_id: int) -> None:
         request = SimpleNamespace(request_id="kvcheck-pool", block_hashes=[self._hash(key) for key in keys])
@@ -72,11 +43,6 @@ class VllmPool:
             block_size=HASH_BLOCK_SIZE,
             kv_cache_group_id=group_id,
         )
-
-    def lookup(self, key: int, group_id: int) -> int | None:
-        """The block a prefix hit on ``key`` in ``group_id`` returns, or ``None``."""
-        found = self.pool.get_cached_block(self._hash(key), [group_id])
-        return None if found is None else int(found[0].block_id)
 
     def evict(self, block_ids: Sequence[int]) -> None:
         self.pool.evict_blocks(set(block_ids))
