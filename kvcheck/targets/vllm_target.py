@@ -110,7 +110,6 @@ def _import_allocator(version: str) -> SimpleNamespace:
         BlockPool=BlockPool,
         FreeKVCacheBlockQueue=kv_cache_utils.FreeKVCacheBlockQueue,
         KVCacheBlock=kv_cache_utils.KVCacheBlock,
-        make_block_hash_with_group_id=kv_cache_utils.make_block_hash_with_group_id,
         KVCacheManager=KVCacheManager,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
