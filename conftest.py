@@ -1,49 +1,24 @@
-"""Hypothesis profiles and the command-line options every test run shares.
+"""The command-line options every test run shares, and the repro hook.
 
-Profiles: ``dev`` (default on a workstation), ``ci`` (default when the CI
-environment variable is set: derandomized and bounded) and ``thorough`` (an
-order of magnitude more examples and longer runs).  Choose one with
-``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
+Hypothesis profiles (``dev``, ``ci``, ``thorough``) are defined in
+:mod:`stateful_tests.profiles`; choose one with ``--hypothesis-profile NAME``
+or ``HYPOTHESIS_PROFILE=NAME`` (``ci`` is the default when CI is set).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 
 from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
 from kvcheck.repro import failing_trace, write_repro
 from kvcheck.targets import TargetFactory, component_allocators, load_target
 from models.invariants import InvariantViolation
+from stateful_tests.profiles import register_profiles
 
-_slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-
-settings.register_profile("dev", max_examples=150, stateful_step_count=40, deadline=None)
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    database=None,
-    max_examples=400,
-    stateful_step_count=40,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=_slow_ok,
-    # The explain phase can take half a minute on a failing run; CI only needs the repro.
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=20_000,
-    stateful_step_count=80,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=_slow_ok,
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+register_profiles()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,7 +26,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--target",
         default="kvcore",
-        help="allocator to drive: 'kvcore' (default) or 'package.module:factory'",
+        help=(
+            "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
+            "or several of those joined by '+' (e.g. 'kvcore+vllm'), compared step by step"
+        ),
     )
     group.addoption(
         "--fault",

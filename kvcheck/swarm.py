@@ -15,7 +15,8 @@ import time
 
 import attrs
 
-from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.config import TargetConfig
+from kvcheck.config_space import random_config
 from kvcheck.lockstep import Lockstep
 from kvcheck.ops import (
     AddRequest,
@@ -33,21 +34,6 @@ from models.invariants import InvariantViolation
 OP_KINDS = ("add", "follow_up", "fill_pool", "schedule", "finish", "preempt", "failed_load", "evict", "reset")
 MAX_LIVE_REQUESTS = 6
 TOKEN_ALPHABET = 3
-
-
-def random_config(rng: random.Random, num_groups: int | None = None) -> TargetConfig:
-    """A small pool (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed kinds."""
-    block_size = rng.choice([1, 1, 1, 2, 3, 4])
-    groups = []
-    for _ in range(num_groups or rng.randint(1, 4)):
-        kind = rng.choice(["full", "sliding_window", "chunked_local"])
-        if kind == "sliding_window":
-            groups.append(GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size)))
-        elif kind == "chunked_local":
-            groups.append(GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16]))))
-        else:
-            groups.append(GroupSpec(kind))
-    return TargetConfig(rng.randint(4, 32), block_size, tuple(groups), rng.random() < 0.5)
 
 
 @attrs.frozen

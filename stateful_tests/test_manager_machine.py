@@ -5,11 +5,10 @@ from __future__ import annotations
 import warnings
 
 from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.targets import TargetFactory
 from stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
-from stateful_tests.manager_machine import manager_machine
+from stateful_tests.run import run_manager_machine
 
 
 def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_groups: int | None) -> None:
@@ -17,7 +16,7 @@ def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_g
     across 1 to 4 hybrid groups keep every named invariant after every step, and, under a
     derandomized profile (ci), reach every coverage label."""
     LABELS_SEEN.clear()
-    run_state_machine_as_test(manager_machine(make_target, num_groups))
+    run_manager_machine(make_target, num_groups)
     missing = [label for label in ALL_LABELS if not LABELS_SEEN[label]]
     if not missing:
         return

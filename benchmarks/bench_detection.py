@@ -1,0 +1,111 @@
+"""Detection power of the Hypothesis manager machine: catch rate and time-to-report per fault.
+
+For each catalogued fault, run the manager machine (the ``dev`` profile's
+budget, groups drawn from 1 to 4, no example database) from N random seeds
+and report how many runs caught the fault, the time from start until the
+shrunk repro is ready (median and max over the catching runs), the shrunk
+lengths and the invariants that fired.  Seeds are printed so that any run
+can be repeated (``--seed-base``).
+
+    python benchmarks/bench_detection.py                 # every fault, 20 seeds, 2 workers
+    python benchmarks/bench_detection.py --faults interleaved-external-alloc --seeds 50
+    python benchmarks/bench_detection.py --target vllm   # the seed faults planted onto vLLM
+
+Figures are wall-clock on whatever machine runs it; compare them within
+one run.  Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypothesis import settings
+
+from kvcheck.faults import FAULTS
+from kvcheck.replay import resolve_target
+from stateful_tests.profiles import PROFILES, pin_generation_constants
+from stateful_tests.run import ShrunkViolation, run_manager_machine
+
+Outcome = tuple[str, int, bool, float, int | None, str | None]
+"""(fault, seed, caught, seconds to report, shrunk steps, invariant)."""
+
+
+def hunt(task: tuple[str, str, int, int]) -> Outcome:
+    """One manager-machine run against one fault from one seed."""
+    target, fault, seed, examples = task
+    pin_generation_constants()
+    base = settings(PROFILES["dev"], max_examples=examples, database=None)
+    start = time.perf_counter()
+    try:
+        run_manager_machine(resolve_target(target, fault), num_groups=None, base=base, seed=seed)
+    except ShrunkViolation as violation:
+        return fault, seed, True, time.perf_counter() - start, violation.step, violation.invariant
+    return fault, seed, False, time.perf_counter() - start, None, None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="kvcore", help="kvcore (every fault) or vllm (the seed faults)")
+    parser.add_argument("--faults", default=None, help="comma-separated subset of faults")
+    parser.add_argument("--seeds", type=int, default=20, help="random seeds per fault (default 20)")
+    parser.add_argument("--seed-base", type=int, default=None, help="use seeds base..base+N-1 instead of random")
+    parser.add_argument("--examples", type=int, default=PROFILES["dev"].max_examples, help="examples per run")
+    parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    args = parser.parse_args()
+
+    if args.faults:
+        faults = args.faults.split(",")
+    elif args.target == "vllm":
+        from kvcheck.vllm_faults import VLLM_FAULTS
+
+        faults = list(VLLM_FAULTS)
+    else:
+        faults = list(FAULTS)
+    if args.seed_base is None:
+        seeds = [random.SystemRandom().randrange(2**32) for _ in range(args.seeds)]
+    else:
+        seeds = list(range(args.seed_base, args.seed_base + args.seeds))
+    tasks = [(args.target, fault, seed, args.examples) for fault in faults for seed in seeds]
+    print(f"target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run")
+    print(f"seeds: {seeds}")
+    start = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        outcomes = pool.map(hunt, tasks, chunksize=1)
+    print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f}s on {args.workers} workers\n")
+
+    print("| fault | caught | report s (median) | report s (max) | shrunk steps | invariants |")
+    print("|---|---|---|---|---|---|")
+    weakest = len(seeds)
+    for fault in faults:
+        mine = [o for o in outcomes if o[0] == fault]
+        caught = [o for o in mine if o[2]]
+        weakest = min(weakest, len(caught))
+        times = [o[3] for o in caught]
+        steps = [o[4] for o in caught if o[4] is not None]
+        invariants = Counter(o[5] for o in caught)
+        missed = [o[1] for o in mine if not o[2]]
+        median = f"{statistics.median(times):.1f}" if times else "-"
+        worst = f"{max(times):.1f}" if times else "-"
+        span = f"{min(steps)}-{max(steps)}" if steps else "-"
+        names = ", ".join(f"{name} ({n})" for name, n in invariants.most_common())
+        print(f"| {fault} | {len(caught)}/{len(mine)} | {median} | {worst} | {span} | {names} |")
+        if missed:
+            print(f"|   missed from seeds {missed} | | | | | |")
+    every = [o[3] for o in outcomes if o[2]]
+    if every:
+        print(f"\nall catches: time-to-report median {statistics.median(every):.1f}s, max {max(every):.1f}s")
+    print(f"weakest catch rate: {weakest}/{len(seeds)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The small configurations every driver draws from: one distribution for the machines and the swarm.
+
+Small pools (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed
+kinds.  One-token blocks are common: every computed block is then full and
+cached, so the free queue fills with cached blocks, where reuse-order bugs
+show.  Half the multi-group configurations are laid out like shipped hybrid
+models (Gemma 3, Llama 4): full attention first, then local layers whose
+short windows drop blocks early, so a prefix hit leaves some of each local
+group's blocks in the free queue.  Some pools split evenly among the
+groups, so that a request taking an equal share in every group leaves no
+block free: a full pool, where freed cached blocks are all there is to
+allocate from.
+"""
+
+from __future__ import annotations
+
+import random
+
+from kvcheck.config import GroupSpec, TargetConfig
+
+
+def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
+    kind = rng.choice(["full", "sliding_window", "chunked_local"])
+    if kind == "sliding_window":
+        # Short windows slide within a short run; long ones keep hits intact.
+        return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
+    if kind == "chunked_local":
+        return GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16])))
+    return GroupSpec(kind)
+
+
+def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
+    """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
+    if rng.random() < 0.5:
+        return GroupSpec("sliding_window", rng.randint(2, 4 * block_size))
+    return GroupSpec("chunked_local", block_size * rng.randint(1, 4))
+
+
+def random_config(
+    rng: random.Random, num_groups: int | None = None, full_pool: bool = False, caching: bool | None = None
+) -> TargetConfig:
+    """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
+    makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off."""
+    block_size = rng.choice([1, 1, 2, 2, 3, 4])
+    count = num_groups or rng.randint(1, 4)
+    if count > 1 and rng.random() < 0.5:
+        groups = (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1)))
+    else:
+        groups = tuple(_any_group(rng, block_size) for _ in range(count))
+    even_split = 1 + count * rng.randint(max(1, 3 // count), max(1, 31 // count))
+    # Some pools are large enough for a long prefill to leave room after its
+    # windows dropped blocks; tiny pools keep exhaustion frequent.
+    num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
+    enable_caching = rng.random() < 0.5 if caching is None else caching
+    return TargetConfig(num_blocks, block_size, groups, enable_caching)

@@ -1,0 +1,85 @@
+"""Hypothesis profiles, and what makes a derandomized search the same in every process.
+
+Profiles: ``dev`` (default on a workstation), ``ci`` (default when the CI
+environment variable is set: derandomized and bounded) and ``thorough`` (an
+order of magnitude more examples and longer runs).  Choose one with
+``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
+
+The manager machine searches with Hypothesis and shrinks with kvcheck's own
+trace shrinker (:mod:`stateful_tests.run`), so the profiles leave out
+Hypothesis's explain phase, and the manager machine also its shrink phase.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+SEARCH_PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
+"""The phases that look for a failure.  Shrinking is kvcheck's (deterministic, not bounded by time);
+the target phase is left out because hill-climbing on one score spent half of a run's examples on
+one configuration, where fresh examples visit many (measured by benchmarks/bench_detection.py)."""
+
+PROFILES = {
+    "dev": settings(
+        # 600 examples: every catalogued fault is caught from at least 19 seeds in 20
+        # (benchmarks/bench_detection.py); a clean run takes some 20 s per layout.
+        max_examples=600,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=SLOW_OK,
+        phases=(*SEARCH_PHASES, Phase.shrink),
+    ),
+    "ci": settings(
+        derandomize=True,
+        database=None,
+        max_examples=400,
+        stateful_step_count=40,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=SLOW_OK,
+        phases=(*SEARCH_PHASES, Phase.shrink),
+    ),
+    "thorough": settings(
+        max_examples=20_000,
+        stateful_step_count=80,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=SLOW_OK,
+        phases=(*SEARCH_PHASES, Phase.shrink),
+    ),
+}
+
+
+def pin_generation_constants() -> None:
+    """Make Hypothesis's draws independent of which modules this process has imported.
+
+    Hypothesis mixes into its draws the literal constants of every *local*
+    module in ``sys.modules``.  Which of those are imported depends on what
+    ran before in the process (another test file, ``--target vllm``
+    importing the vLLM adapter, the ``kvcheck run`` summary), so without
+    this a derandomized run searches a different sequence of examples from
+    one process to the next: a seed-bug test caught its bug alone and missed
+    it after other tests.  The pool of local constants is pinned empty;
+    Hypothesis's own built-in constants still apply.
+    """
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:  # a Hypothesis without local constants has nothing to pin
+        return
+    if not hasattr(providers, "_get_local_constants"):
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+def register_profiles() -> None:
+    """Register the profiles and load the one the environment asks for."""
+    for name, profile in PROFILES.items():
+        settings.register_profile(name, profile)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+    pin_generation_constants()
