@@ -1,7 +1,8 @@
 """The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix.
 
 Exit codes: 0 success, 1 an invariant was violated (or a fault survived),
-2 bad input (a malformed trace, an unknown target or fault).
+2 bad input (a malformed trace, an unknown target or fault, a value above its
+limit in :mod:`kvcheck.limits`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvcheck.limits import MAX_GROUPS, MAX_KILL_MATRIX_SEEDS, MAX_SEED, MAX_SWARM_RUNS, above
+
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
+
+TARGET_HELP = (
+    "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
+    "or several of those joined by '+' (e.g. 'kvcore+vllm'), compared step by step"
+)
 
 
 def find_checkout() -> Path:
@@ -32,6 +40,18 @@ def _bad_input(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+def _out_of_range(options: Sequence[tuple[str, int | None, int, int]]) -> str | None:
+    """The refusal of the first (option, value, minimum, maximum) whose value is out of range, if any."""
+    for option, value, minimum, maximum in options:
+        if value is None:
+            continue
+        if value < minimum:
+            return f"{option}: {value} is below the minimum of {minimum}"
+        if value > maximum:
+            return f"{option}: {above(value, maximum)}"
+    return None
+
+
 # -- run ------------------------------------------------------------------------
 
 
@@ -40,6 +60,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from kvcheck.summary import SuiteSummary
 
+    refusal = _out_of_range(
+        [
+            ("--groups", args.groups, 1, MAX_GROUPS),
+            ("--swarm-runs", args.swarm_runs, 0, MAX_SWARM_RUNS),
+            ("--seed", args.seed, 0, MAX_SEED),
+        ]
+    )
+    if refusal is not None:
+        return _bad_input(refusal)
     checkout = find_checkout()
     os.chdir(checkout)
     pytest_args = ["stateful_tests", "regressions", "-q", "-p", "no:cacheprovider", f"--target={args.target}"]
@@ -187,6 +216,11 @@ def cmd_kill_matrix(args: argparse.Namespace) -> int:
     from kvcheck.faults import FAULTS
     from kvcheck.kill_matrix import KillBudget, format_table, kill_matrix
 
+    refusal = _out_of_range(
+        [("--seeds", args.seeds, 1, MAX_KILL_MATRIX_SEEDS), ("--runs", args.runs, 1, MAX_SWARM_RUNS)]
+    )
+    if refusal is not None:
+        return _bad_input(refusal)
     if args.target not in ("kvcore", "vllm"):
         return _bad_input(f"the kill matrix plants faults into kvcore or vllm; target {args.target!r} has none")
     catalogue = FAULTS
@@ -221,15 +255,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def target_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default="kvcore", help="'kvcore' (default) or 'package.module:factory'")
+        p.add_argument("--target", default="kvcore", help=TARGET_HELP)
         p.add_argument("--fault", default=None, help="plant a catalogued fault into kvcore (see `kvcheck faults`)")
 
     run = commands.add_parser("run", help="run the state machines and the regression corpus, with a summary")
     target_options(run)
-    run.add_argument("--groups", type=int, default=None, help="fix the number of KV-cache groups")
+    run.add_argument("--groups", type=int, default=None, help=f"fix the number of KV-cache groups (1 to {MAX_GROUPS})")
     run.add_argument("--profile", default=None, help="Hypothesis profile: dev, ci or thorough")
-    run.add_argument("--swarm-runs", type=int, default=2000, help="swarm driver runs after the machines (0: none)")
-    run.add_argument("--seed", type=int, default=0, help="swarm driver seed")
+    run.add_argument(
+        "--swarm-runs",
+        type=int,
+        default=2000,
+        help=f"swarm driver runs after the machines (0: none; at most {MAX_SWARM_RUNS:,})",
+    )
+    run.add_argument("--seed", type=int, default=0, help=f"swarm driver seed (0 to {MAX_SEED})")
     run.set_defaults(func=cmd_run)
 
     rep = commands.add_parser("replay", help="replay traces, checking every invariant after every step")
@@ -253,10 +292,14 @@ def build_parser() -> argparse.ArgumentParser:
     faults.set_defaults(func=cmd_faults)
 
     matrix = commands.add_parser("kill-matrix", help="run every fault against the suite and tabulate the kills")
-    matrix.add_argument("--target", default="kvcore")
+    matrix.add_argument("--target", default="kvcore", help="'kvcore' (default) or 'vllm'")
     matrix.add_argument("--faults", default=None, help="comma-separated subset of faults")
-    matrix.add_argument("--seeds", type=int, default=3, help="swarm seeds per fault (default 3)")
-    matrix.add_argument("--runs", type=int, default=3000, help="swarm runs per seed (default 3000)")
+    matrix.add_argument(
+        "--seeds", type=int, default=3, help=f"swarm seeds per fault (default 3, at most {MAX_KILL_MATRIX_SEEDS})"
+    )
+    matrix.add_argument(
+        "--runs", type=int, default=3000, help=f"swarm runs per seed (default 3000, at most {MAX_SWARM_RUNS:,})"
+    )
     matrix.add_argument("--json", default="kill-matrix.json", help="where to write the results as JSON")
     matrix.add_argument("--traces", default="repros/kill-matrix", help="where to write the shrunk traces")
     matrix.set_defaults(func=cmd_kill_matrix)

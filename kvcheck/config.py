@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
+
+from kvcheck.limits import MAX_BLOCK_SIZE, MAX_GROUPS, MAX_NUM_BLOCKS, MAX_WINDOW_TOKENS, above, shown
 
 GROUP_KINDS = ("full", "sliding_window", "chunked_local")
 
 
 class ConfigError(ValueError):
-    """A target configuration field is out of range; the message names the field and value."""
+    """A target configuration field is out of range: ``field`` names it, ``detail`` says what is wrong
+    (naming the value, and the limit when it is above one)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an integer (JSON ``true`` and ``false`` are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @attrs.frozen
@@ -25,20 +38,22 @@ class GroupSpec:
     window: int | None = None
 
     def validate(self, block_size: int, where: str) -> None:
-        if self.kind not in GROUP_KINDS:
-            raise ConfigError(f"{where}.kind={self.kind!r}: must be one of {', '.join(GROUP_KINDS)}")
+        if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
+            raise ConfigError(f"{where}.kind", f"must be one of {', '.join(GROUP_KINDS)}, got {shown(self.kind)}")
+        field = f"{where}.window"
         if self.kind == "full":
             if self.window is not None:
-                raise ConfigError(f"{where}.window={self.window!r}: a full-attention group has no window")
+                raise ConfigError(field, f"a full-attention group has no window, got {shown(self.window)}")
             return
         if not isinstance(self.window, int) or isinstance(self.window, bool):
-            raise ConfigError(f"{where}.window={self.window!r}: must be an integer number of tokens")
+            raise ConfigError(field, f"must be an integer number of tokens, got {shown(self.window)}")
+        if self.window > MAX_WINDOW_TOKENS:
+            raise ConfigError(field, above(self.window, MAX_WINDOW_TOKENS, "tokens"))
         if self.kind == "sliding_window" and self.window < 2:
-            raise ConfigError(f"{where}.window={self.window}: a sliding window needs at least 2 tokens")
+            raise ConfigError(field, f"a sliding window needs at least 2 tokens, got {self.window}")
         if self.kind == "chunked_local" and (self.window < 1 or self.window % block_size):
             raise ConfigError(
-                f"{where}.window={self.window}: an attention chunk must be a positive multiple "
-                f"of block_size={block_size}"
+                field, f"an attention chunk must be a positive multiple of block_size={block_size}, got {self.window}"
             )
 
     def to_json(self) -> dict[str, Any]:
@@ -56,17 +71,22 @@ class TargetConfig:
     enable_caching: bool
 
     def validate(self) -> TargetConfig:
-        for name in ("num_blocks", "block_size"):
+        """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
+        for name, minimum, maximum in (("num_blocks", 2, MAX_NUM_BLOCKS), ("block_size", 1, MAX_BLOCK_SIZE)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (2 if name == "num_blocks" else 1):
-                raise ConfigError(f"{name}={value!r}: must be an integer >= {2 if name == 'num_blocks' else 1}")
+            if not is_int(value) or value < minimum:
+                raise ConfigError(name, f"must be an integer >= {minimum}, got {shown(value)}")
+            if value > maximum:
+                raise ConfigError(name, above(value, maximum))
         if not isinstance(self.enable_caching, bool):
-            raise ConfigError(f"enable_caching={self.enable_caching!r}: must be true or false")
+            raise ConfigError("enable_caching", f"must be true or false, got {shown(self.enable_caching)}")
         if not self.groups:
-            raise ConfigError("groups=[]: at least one group is needed")
+            raise ConfigError("groups", "at least one group is needed")
+        if len(self.groups) > MAX_GROUPS:
+            raise ConfigError("groups", above(len(self.groups), MAX_GROUPS, "groups"))
         for index, group in enumerate(self.groups):
             if not isinstance(group, GroupSpec):
-                raise ConfigError(f"groups[{index}]={group!r}: must be a group spec")
+                raise ConfigError(f"groups[{index}]", f"must be a group spec, got {shown(group)}")
             group.validate(self.block_size, f"groups[{index}]")
         return self
 

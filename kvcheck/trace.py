@@ -4,8 +4,9 @@ A trace holds the target configuration, the operations in order, an
 optional expectation (it fails with a named invariant when a named fault is
 planted) and optional provenance (where it came from, when, and its story).
 Traces are data: they are parsed with ``json`` and checked field by field;
-nothing in them is evaluated or unpickled.  A malformed trace raises
-:class:`TraceError`, which names the file, the step and the field.
+nothing in them is evaluated or unpickled.  A malformed trace, or one with a
+value above its limit (:mod:`kvcheck.limits`), raises :class:`TraceError`,
+which names the file, the step and the field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,21 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import ConfigError, GroupSpec, TargetConfig
+from kvcheck.config import ConfigError, GroupSpec, TargetConfig, is_int
+from kvcheck.limits import (
+    MAX_EVICT_BLOCK_IDS,
+    MAX_GROUPS,
+    MAX_NUM_BLOCKS,
+    MAX_OPS,
+    MAX_PROMPT_TOKENS,
+    MAX_REQUEST_ID_CHARS,
+    MAX_SCHEDULE_TOKENS,
+    MAX_TOKEN_ID,
+    MAX_TRACE_BYTES,
+    MAX_TRACE_PROMPT_TOKENS,
+    above,
+    shown,
+)
 from kvcheck.ops import OPERATION_TYPES, Operation, first_reference_error, op_to_json
 
 FORMAT = "kvcheck-trace"
@@ -90,19 +105,30 @@ class Trace:
 
 # -- loading ------------------------------------------------------------------
 
-_INT_FIELDS_MIN = {"num_new_tokens": 1, "num_external_tokens": 0, "sampled_token": 0}
+# (minimum, maximum) of each integer field of an operation.
+_INT_FIELDS = {
+    "num_new_tokens": (1, MAX_SCHEDULE_TOKENS),
+    "num_external_tokens": (0, MAX_SCHEDULE_TOKENS),
+    "sampled_token": (0, MAX_TOKEN_ID),
+}
+
+
+def _field_name(key: str) -> str:
+    """A key as a field name in a message: cut short when a trace holds an absurdly long one."""
+    return key if len(key) <= 60 else shown(key)
 
 
 class _Reader:
     def __init__(self, where: str) -> None:
         self.where = where
+        self.prompt_tokens = 0
 
     def fail(self, message: str, step: int | None = None, field: str | None = None) -> TraceError:
         return TraceError(self.where, step, field, message)
 
     def object(self, value: object, field: str, step: int | None = None) -> dict[str, Any]:
         if not isinstance(value, dict):
-            raise self.fail(f"expected an object, got {type(value).__name__} {value!r}", step, field)
+            raise self.fail(f"expected an object, got {type(value).__name__} {shown(value)}", step, field)
         return value
 
     def keys(
@@ -113,32 +139,45 @@ class _Reader:
             raise self.fail("missing", step, prefix + key)
         for key in sorted(value.keys() - required - optional):
             raise self.fail(
-                f"unknown field (expected one of: {', '.join(sorted(required | optional))})", step, prefix + key
+                f"unknown field (expected one of: {', '.join(sorted(required | optional))})",
+                step,
+                prefix + _field_name(key),
             )
 
-    def integer(self, value: object, field: str, minimum: int, step: int | None = None) -> int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.fail(f"expected an integer, got {type(value).__name__} {value!r}", step, field)
+    def integer(self, value: object, field: str, minimum: int, maximum: int, step: int | None = None) -> int:
+        if not is_int(value):
+            raise self.fail(f"expected an integer, got {type(value).__name__} {shown(value)}", step, field)
         if value < minimum:
-            raise self.fail(f"must be >= {minimum}, got {value}", step, field)
+            raise self.fail(f"must be >= {minimum}, got {shown(value)}", step, field)
+        if value > maximum:
+            raise self.fail(above(value, maximum), step, field)
         return value
 
-    def string(self, value: object, field: str, step: int | None = None) -> str:
+    def string(self, value: object, field: str, step: int | None = None, max_chars: int | None = None) -> str:
         if not isinstance(value, str) or not value:
-            raise self.fail(f"expected a non-empty string, got {value!r}", step, field)
+            raise self.fail(f"expected a non-empty string, got {shown(value)}", step, field)
+        if max_chars is not None and len(value) > max_chars:
+            raise self.fail(above(len(value), max_chars, "characters"), step, field)
         return value
 
-    def int_list(self, value: object, field: str, minimum: int, step: int | None = None) -> tuple[int, ...]:
+    def int_list(
+        self, value: object, field: str, bounds: tuple[int, int], max_items: tuple[int, str], step: int
+    ) -> tuple[int, ...]:
+        """A non-empty list of at most ``max_items`` (count, unit) integers, each within ``bounds`` (min, max)."""
         if not isinstance(value, list) or not value:
-            raise self.fail(f"expected a non-empty list of integers, got {value!r}", step, field)
-        return tuple(self.integer(item, f"{field}[{i}]", minimum, step) for i, item in enumerate(value))
+            raise self.fail(f"expected a non-empty list of integers, got {shown(value)}", step, field)
+        if len(value) > max_items[0]:
+            raise self.fail(above(len(value), *max_items), step, field)
+        return tuple(self.integer(item, f"{field}[{i}]", *bounds, step) for i, item in enumerate(value))
 
     def config(self, value: object) -> TargetConfig:
         raw = self.object(value, "config")
         self.keys(raw, {"num_blocks", "block_size", "enable_caching", "groups"}, set(), "config")
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
-            raise self.fail(f"expected a list, got {groups_raw!r}", None, "config.groups")
+            raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
+        if len(groups_raw) > MAX_GROUPS:
+            raise self.fail(above(len(groups_raw), MAX_GROUPS, "groups"), None, "config.groups")
         groups = []
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
@@ -149,8 +188,7 @@ class _Reader:
         try:
             return config.validate()
         except ConfigError as exc:
-            field, _, message = str(exc).partition(": ")
-            raise self.fail(message, None, "config." + field.split("=")[0]) from None
+            raise self.fail(exc.detail, None, f"config.{exc.field}") from None
 
     def op(self, value: object, step: int) -> Operation:
         raw = self.object(value, "op", step)
@@ -158,19 +196,30 @@ class _Reader:
             raise self.fail("missing", step, "op")
         name = raw["op"]
         if not isinstance(name, str) or name not in OPERATION_TYPES:
-            raise self.fail(f"unknown operation {name!r} (known: {', '.join(OPERATION_TYPES)})", step, "op")
+            raise self.fail(f"unknown operation {shown(name)} (known: {', '.join(OPERATION_TYPES)})", step, "op")
         cls = OPERATION_TYPES[name]
         fields = {a.name for a in attrs.fields(cls)}
         self.keys(raw, fields | {"op"}, set(), None, step)
         kwargs: dict[str, Any] = {}
-        for field in fields:
+        for field in sorted(fields):
             item = raw[field]
             if field == "request_id":
-                kwargs[field] = self.string(item, field, step)
-            elif field == "prompt" or field == "block_ids":
-                kwargs[field] = self.int_list(item, field, 0, step)
+                kwargs[field] = self.string(item, field, step, MAX_REQUEST_ID_CHARS)
+            elif field == "prompt":
+                kwargs[field] = self.int_list(item, field, (0, MAX_TOKEN_ID), (MAX_PROMPT_TOKENS, "tokens"), step)
+                self.prompt_tokens += len(kwargs[field])
+                if self.prompt_tokens > MAX_TRACE_PROMPT_TOKENS:
+                    raise self.fail(
+                        f"the prompts up to here hold {self.prompt_tokens} tokens, "
+                        f"above the limit of {MAX_TRACE_PROMPT_TOKENS} for a whole trace",
+                        step,
+                        field,
+                    )
+            elif field == "block_ids":
+                bounds = (0, MAX_NUM_BLOCKS - 1)
+                kwargs[field] = self.int_list(item, field, bounds, (MAX_EVICT_BLOCK_IDS, "block ids"), step)
             else:
-                kwargs[field] = self.integer(item, field, _INT_FIELDS_MIN[field], step)
+                kwargs[field] = self.integer(item, field, *_INT_FIELDS[field], step)
         return cls(**kwargs)
 
     def check_references(self, ops: list[Operation], config: TargetConfig) -> None:
@@ -181,24 +230,34 @@ class _Reader:
 
 
 def parse_trace(text: str, where: str = "<trace>") -> Trace:
-    """Parse and validate trace text; raises :class:`TraceError` naming what is wrong."""
+    """Parse and validate trace text; raises :class:`TraceError` naming what is wrong.
+
+    Every value is checked against its limit in :mod:`kvcheck.limits`, so a
+    trace that loads replays in bounded time and memory.
+    """
     reader = _Reader(where)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise reader.fail(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise reader.fail("not valid JSON: nested too deeply to read") from None
+    except ValueError as exc:  # a number with more digits than Python converts
+        raise reader.fail(f"not valid JSON: {str(exc).partition(':')[0]}") from None
     document = reader.object(document, "(top level)")
     reader.keys(document, {"format", "version", "config", "ops"}, {"expect", "provenance"}, None)
     if document["format"] != FORMAT:
-        raise reader.fail(f"expected {FORMAT!r}, got {document['format']!r}", None, "format")
+        raise reader.fail(f"expected {FORMAT!r}, got {shown(document['format'])}", None, "format")
     if type(document["version"]) is not int or document["version"] != VERSION:
         raise reader.fail(
-            f"unsupported version {document['version']!r}; this kvcheck reads version {VERSION}", None, "version"
+            f"unsupported version {shown(document['version'])}; this kvcheck reads version {VERSION}", None, "version"
         )
     config = reader.config(document["config"])
     ops_raw = document["ops"]
     if not isinstance(ops_raw, list):
         raise reader.fail(f"expected a list of operations, got {type(ops_raw).__name__}", None, "ops")
+    if len(ops_raw) > MAX_OPS:
+        raise reader.fail(above(len(ops_raw), MAX_OPS, "operations"), None, "ops")
     ops = [reader.op(item, step) for step, item in enumerate(ops_raw, start=1)]
     reader.check_references(ops, config)
     expect = None
@@ -218,12 +277,22 @@ def parse_trace(text: str, where: str = "<trace>") -> Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read and validate a trace file."""
+    """Read and validate a trace file; one larger than ``MAX_TRACE_BYTES`` is refused before it is read."""
     path = Path(path)
+    where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        size = path.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise TraceError(where, None, None, f"file size {above(size, MAX_TRACE_BYTES, 'bytes')}")
+        with path.open("rb") as stream:
+            # Read no more than the limit allows, whatever the size said (a device or a growing file).
+            data = stream.read(MAX_TRACE_BYTES + 1)
     except OSError as exc:
-        raise TraceError(str(path), None, None, f"cannot read: {exc.strerror}") from None
+        raise TraceError(where, None, None, f"cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(where, None, None, f"file size is above the limit of {MAX_TRACE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceError(str(path), None, None, f"not UTF-8 text: byte {exc.start} cannot be decoded") from None
-    return parse_trace(text, str(path))
+        raise TraceError(where, None, None, f"not UTF-8 text: byte {exc.start} cannot be decoded") from None
+    return parse_trace(text, where)

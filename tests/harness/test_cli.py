@@ -1,16 +1,18 @@
 """The kvcheck command: replay, show, faults and promote, their output and their exit codes
-(0 ok, 1 an invariant violated, 2 bad input)."""
+(0 ok, 1 an invariant violated, 2 bad input), the limits on its options, and its help."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from kvcheck import kill_matrix, limits
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from kvcheck.trace import load_trace
 from tests.harness.test_trace_format import CORPUS_PATHS, MALFORMED, REPO, S000, S003, Malformed, write_malformed
@@ -214,6 +216,132 @@ def test_promote_refuses_to_overwrite_an_existing_name(capsys: pytest.CaptureFix
     assert code == EXIT_BAD_INPUT, out + err
     assert "exists already" in err, err
     assert folder_state(corpus) == before
+
+
+# -- option limits ---------------------------------------------------------------------------
+
+
+def must_not_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a refused command started running")
+
+
+OPTION_LIMITS = [
+    ("run", "--swarm-runs", -1, "-1 is below the minimum of 0"),
+    ("run", "--swarm-runs", 10**12, f"1000000000000 is above the limit of {limits.MAX_SWARM_RUNS}"),
+    ("run", "--seed", -5, "-5 is below the minimum of 0"),
+    ("run", "--seed", 2**64, f"{2**64} is above the limit of {limits.MAX_SEED}"),
+    ("run", "--groups", 0, "0 is below the minimum of 1"),
+    ("run", "--groups", limits.MAX_GROUPS + 1, f"{limits.MAX_GROUPS + 1} is above the limit of {limits.MAX_GROUPS}"),
+    ("kill-matrix", "--seeds", 0, "0 is below the minimum of 1"),
+    ("kill-matrix", "--seeds", 10**6, f"1000000 is above the limit of {limits.MAX_KILL_MATRIX_SEEDS}"),
+    ("kill-matrix", "--runs", -1, "-1 is below the minimum of 1"),
+    ("kill-matrix", "--runs", 10**100, f"(101 digits) is above the limit of {limits.MAX_SWARM_RUNS}"),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "message"),
+    OPTION_LIMITS,
+    ids=[f"{command}{option}={'huge' if value > 10**9 else value}" for command, option, value, _ in OPTION_LIMITS],
+)
+def test_an_option_out_of_range_is_bad_input_and_changes_nothing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    option: str,
+    value: int,
+    message: str,
+) -> None:
+    """A negative or absurd option exits 2 with one line naming the option, the value and the limit;
+    nothing runs, the working directory stays put and no file is written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pytest, "main", must_not_run)
+    monkeypatch.setattr(kill_matrix, "kill_matrix", must_not_run)
+    outputs = ["--json", str(tmp_path / "matrix.json"), "--traces", str(tmp_path / "traces")]
+    code, out, err = kvcheck(capsys, command, option, str(value), *(outputs if command == "kill-matrix" else []))
+    assert code == EXIT_BAD_INPUT, out + err
+    assert out == "", out
+    assert err.splitlines() == [err.rstrip("\n")], err
+    assert err.startswith(f"kvcheck: {option}: "), err
+    assert message in err, err
+    assert Path.cwd() == tmp_path
+    assert folder_state(tmp_path) == {}
+
+
+def test_run_accepts_options_at_their_limits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvcheck run` with --groups, --seed and --swarm-runs at their limits passes them on to the suite."""
+    monkeypatch.chdir(tmp_path)
+    received: list[list[str]] = []
+    monkeypatch.setattr(pytest, "main", lambda args, plugins: received.append(args) or 0)
+    code, out, err = kvcheck(capsys, "run", "--groups", limits.MAX_GROUPS, "--seed", limits.MAX_SEED, "--swarm-runs", 0)
+    assert code == EXIT_OK, out + err
+    assert len(received) == 1
+    assert f"--groups={limits.MAX_GROUPS}" in received[0], received
+
+
+def test_kill_matrix_accepts_options_at_their_limits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvcheck kill-matrix` with --seeds and --runs at their limits runs with that budget."""
+    budgets: list[kill_matrix.KillBudget] = []
+    monkeypatch.setattr(kill_matrix, "kill_matrix", lambda names, budget, *a, **k: budgets.append(budget) or [])
+    matrix = tmp_path / "matrix.json"
+    code, out, err = kvcheck(
+        capsys,
+        "kill-matrix",
+        "--seeds",
+        limits.MAX_KILL_MATRIX_SEEDS,
+        "--runs",
+        limits.MAX_SWARM_RUNS,
+        "--json",
+        matrix,
+        "--traces",
+        tmp_path / "traces",
+    )
+    assert code == EXIT_OK, out + err
+    assert [(len(b.seeds), b.runs_per_seed) for b in budgets] == [(limits.MAX_KILL_MATRIX_SEEDS, limits.MAX_SWARM_RUNS)]
+    assert json.loads(matrix.read_text()) == []
+
+
+# -- help ------------------------------------------------------------------------------------
+
+TARGET_FORMS = ("'kvcore'", "'vllm'", "'package.module:factory'", "'+'", "'kvcore+vllm'")
+"""Every form of --target that kvcheck.targets.load_target accepts, as the help must name it."""
+
+
+@pytest.mark.parametrize("command", ["run", "replay", "show"])
+def test_the_target_help_names_every_target_form(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """The --target help of run, replay and show names kvcore, vllm, a factory and targets joined by '+'."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    target_help = help_text[help_text.rindex("--target TARGET") :]
+    missing = [form for form in TARGET_FORMS if form not in target_help.split("--fault")[0]]
+    assert not missing, target_help
+
+
+def test_the_pytest_target_option_help_names_every_target_form() -> None:
+    """`pytest --help` describes --target with every form the suite accepts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "1000"},
+    )
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())
+    target_help = help_text[help_text.index("--target=TARGET") :].split("--fault")[0]
+    missing = [form for form in TARGET_FORMS if form not in target_help]
+    assert not missing, target_help
 
 
 # -- the installed console script -----------------------------------------------------------

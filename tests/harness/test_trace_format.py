@@ -1,5 +1,6 @@
-"""The trace format: malformed traces are refused with an error naming file, step and field; good traces
-round-trip; the schema agrees with the loader; a repro written from a failing run reproduces it."""
+"""The trace format: malformed traces, and traces with a value beyond its limit, are refused with an error
+naming file, step and field; good traces round-trip; the schema agrees with the loader and the limits; a
+repro written from a failing run reproduces it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 import attrs
 import pytest
 
-from kvcheck.config import GROUP_KINDS, GroupSpec, TargetConfig
+from kvcheck import limits
+from kvcheck.config import GROUP_KINDS, ConfigError, GroupSpec, TargetConfig
 from kvcheck.ops import (
     OPERATION_TYPES,
     AddRequest,
@@ -152,6 +154,279 @@ def test_a_file_that_is_not_utf8_is_refused_as_a_trace_error(tmp_path: Path) -> 
         load_trace(path)
 
 
+# -- input limits ---------------------------------------------------------------------
+
+
+def add_request(request_id: str, num_tokens: int, token: int = 0) -> dict[str, Any]:
+    """The JSON of an add_request of ``num_tokens`` copies of ``token``."""
+    return {"op": "add_request", "request_id": request_id, "prompt": [token] * num_tokens}
+
+
+def renamed_request(document: dict[str, Any], request_id: str) -> None:
+    """Rename request r0 of the base trace in every operation."""
+    for op in document["ops"]:
+        op["request_id"] = request_id
+
+
+def more_prompts(document: dict[str, Any], count: int, num_tokens: int) -> None:
+    """Append ``count`` add_requests of ``num_tokens`` tokens each to the base trace."""
+    document["ops"] += [add_request(f"p{i}", num_tokens) for i in range(count)]
+
+
+def padded_ops(document: dict[str, Any], num_ops: int) -> None:
+    """Pad the base trace with reset_prefix_cache operations to ``num_ops`` operations."""
+    document["ops"] += [{"op": "reset_prefix_cache"}] * (num_ops - len(document["ops"]))
+
+
+def prompts_filling_the_budget(document: dict[str, Any]) -> None:
+    """Append prompts that bring the base trace (one one-token prompt) to exactly the trace's prompt budget."""
+    budget = limits.MAX_TRACE_PROMPT_TOKENS - 1
+    more_prompts(document, budget // limits.MAX_PROMPT_TOKENS, limits.MAX_PROMPT_TOKENS)
+    if budget % limits.MAX_PROMPT_TOKENS:
+        document["ops"].append(add_request("rest", budget % limits.MAX_PROMPT_TOKENS))
+
+
+def set_op(step: int, **fields: object) -> Callable[[dict[str, Any]], None]:
+    """A change that sets fields of the operation at ``step`` (from 1) of the base trace."""
+    return lambda d: d["ops"][step - 1].update(fields)
+
+
+def set_config(**fields: object) -> Callable[[dict[str, Any]], None]:
+    """A change that sets fields of the base trace's config."""
+    return lambda d: d["config"].update(fields)
+
+
+def evict(block_ids: list[int], num_blocks: int = 3) -> Callable[[dict[str, Any]], None]:
+    """A change that sets the pool size and appends an evict_blocks of ``block_ids``."""
+
+    def change(document: dict[str, Any]) -> None:
+        document["config"]["num_blocks"] = num_blocks
+        document["ops"].append({"op": "evict_blocks", "block_ids": block_ids})
+
+    return change
+
+
+@attrs.frozen
+class OverLimit:
+    """A trace with one value beyond its limit, where the loader must refuse it, and the value and limit it names."""
+
+    name: str
+    change: Callable[[dict[str, Any]], object]
+    step: int | None
+    field: str
+    message: str
+
+
+OVER_LIMIT = [
+    OverLimit(
+        "num_blocks",
+        set_config(num_blocks=limits.MAX_NUM_BLOCKS + 1),
+        None,
+        "config.num_blocks",
+        f"{limits.MAX_NUM_BLOCKS + 1} is above the limit of {limits.MAX_NUM_BLOCKS}",
+    ),
+    OverLimit(
+        "block_size",
+        set_config(block_size=limits.MAX_BLOCK_SIZE + 1),
+        None,
+        "config.block_size",
+        f"{limits.MAX_BLOCK_SIZE + 1} is above the limit of {limits.MAX_BLOCK_SIZE}",
+    ),
+    OverLimit(
+        "groups",
+        set_config(groups=[{"kind": "full"}] * (limits.MAX_GROUPS + 1)),
+        None,
+        "config.groups",
+        f"{limits.MAX_GROUPS + 1} groups is above the limit of {limits.MAX_GROUPS}",
+    ),
+    OverLimit(
+        "window",
+        set_config(groups=[{"kind": "sliding_window", "window": limits.MAX_WINDOW_TOKENS + 1}]),
+        None,
+        "config.groups[0].window",
+        f"{limits.MAX_WINDOW_TOKENS + 1} tokens is above the limit of {limits.MAX_WINDOW_TOKENS}",
+    ),
+    OverLimit(
+        "ops",
+        lambda d: padded_ops(d, limits.MAX_OPS + 1),
+        None,
+        "ops",
+        f"{limits.MAX_OPS + 1} operations is above the limit of {limits.MAX_OPS}",
+    ),
+    OverLimit(
+        "prompt",
+        set_op(1, prompt=[0] * (limits.MAX_PROMPT_TOKENS + 1)),
+        1,
+        "prompt",
+        f"{limits.MAX_PROMPT_TOKENS + 1} tokens is above the limit of {limits.MAX_PROMPT_TOKENS}",
+    ),
+    OverLimit(
+        "prompts_of_the_trace",
+        lambda d: more_prompts(d, limits.MAX_TRACE_PROMPT_TOKENS // limits.MAX_PROMPT_TOKENS, limits.MAX_PROMPT_TOKENS),
+        3 + limits.MAX_TRACE_PROMPT_TOKENS // limits.MAX_PROMPT_TOKENS,
+        "prompt",
+        f"{limits.MAX_TRACE_PROMPT_TOKENS + 1} tokens, above the limit of {limits.MAX_TRACE_PROMPT_TOKENS}",
+    ),
+    OverLimit(
+        "prompt_token_id",
+        set_op(1, prompt=[limits.MAX_TOKEN_ID + 1]),
+        1,
+        "prompt[0]",
+        f"{limits.MAX_TOKEN_ID + 1} is above the limit of {limits.MAX_TOKEN_ID}",
+    ),
+    OverLimit(
+        "sampled_token",
+        set_op(2, sampled_token=limits.MAX_TOKEN_ID + 1),
+        2,
+        "sampled_token",
+        f"{limits.MAX_TOKEN_ID + 1} is above the limit of {limits.MAX_TOKEN_ID}",
+    ),
+    OverLimit(
+        "num_new_tokens",
+        set_op(2, num_new_tokens=limits.MAX_SCHEDULE_TOKENS + 1),
+        2,
+        "num_new_tokens",
+        f"{limits.MAX_SCHEDULE_TOKENS + 1} is above the limit of {limits.MAX_SCHEDULE_TOKENS}",
+    ),
+    OverLimit(
+        "num_external_tokens",
+        set_op(2, num_external_tokens=10**12),
+        2,
+        "num_external_tokens",
+        f"1000000000000 is above the limit of {limits.MAX_SCHEDULE_TOKENS}",
+    ),
+    OverLimit(
+        "evict_block_ids",
+        evict([*range(limits.MAX_NUM_BLOCKS), 0], limits.MAX_NUM_BLOCKS),
+        4,
+        "block_ids",
+        f"{limits.MAX_EVICT_BLOCK_IDS + 1} block ids is above the limit of {limits.MAX_EVICT_BLOCK_IDS}",
+    ),
+    OverLimit(
+        "evict_block_id",
+        evict([1, 10**100]),
+        4,
+        "block_ids[1]",
+        f"(101 digits) is above the limit of {limits.MAX_NUM_BLOCKS - 1}",
+    ),
+    OverLimit(
+        "request_id",
+        lambda d: renamed_request(d, "r" * (limits.MAX_REQUEST_ID_CHARS + 1)),
+        1,
+        "request_id",
+        f"{limits.MAX_REQUEST_ID_CHARS + 1} characters is above the limit of {limits.MAX_REQUEST_ID_CHARS}",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", OVER_LIMIT, ids=[case.name for case in OVER_LIMIT])
+def test_a_value_above_its_limit_is_refused_naming_field_value_and_limit(case: OverLimit) -> None:
+    """A trace with one value beyond its limit raises TraceError naming the step, the field, the value and the limit."""
+    with pytest.raises(TraceError) as caught:
+        parse_trace(mutated(case.change), "bad.json")
+    error = caught.value
+    assert (error.step, error.field) == (case.step, case.field), str(error)
+    assert case.message in error.message, str(error)
+    assert "\n" not in str(error), str(error)
+
+
+def test_the_message_of_a_pool_above_the_limit_reads_as_documented() -> None:
+    """A pool of 10**12 blocks is refused with the one-line message the README shows."""
+    with pytest.raises(TraceError) as caught:
+        parse_trace(mutated(set_config(num_blocks=10**12)), "bad.json")
+    assert str(caught.value) == (
+        f"bad.json: field 'config.num_blocks': 1000000000000 is above the limit of {limits.MAX_NUM_BLOCKS}"
+    )
+
+
+AT_LIMIT = {
+    "num_blocks": set_config(num_blocks=limits.MAX_NUM_BLOCKS),
+    "block_size": set_config(block_size=limits.MAX_BLOCK_SIZE),
+    "groups": set_config(groups=[{"kind": "full"}] * limits.MAX_GROUPS),
+    "window": set_config(groups=[{"kind": "sliding_window", "window": limits.MAX_WINDOW_TOKENS}]),
+    "ops": lambda d: padded_ops(d, limits.MAX_OPS),
+    "prompt": set_op(1, prompt=[limits.MAX_TOKEN_ID] * limits.MAX_PROMPT_TOKENS),
+    "prompts_of_the_trace": prompts_filling_the_budget,
+    "schedule": set_op(
+        2,
+        num_new_tokens=limits.MAX_SCHEDULE_TOKENS,
+        num_external_tokens=limits.MAX_SCHEDULE_TOKENS,
+        sampled_token=limits.MAX_TOKEN_ID,
+    ),
+    "evict_block_ids": evict([*range(limits.MAX_NUM_BLOCKS)], limits.MAX_NUM_BLOCKS),
+    "request_id": lambda d: renamed_request(d, "r" * limits.MAX_REQUEST_ID_CHARS),
+}
+
+
+@pytest.mark.parametrize("change", AT_LIMIT.values(), ids=AT_LIMIT.keys())
+def test_a_value_at_its_limit_is_accepted(change: Callable[[dict[str, Any]], object]) -> None:
+    """Every limit is inclusive: a trace whose value equals the limit loads, its config and operations intact."""
+    text = mutated(change)
+    document = json.loads(text)
+    loaded = parse_trace(text).to_json()
+    assert (loaded["config"], loaded["ops"]) == (document["config"], document["ops"])
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        (TargetConfig(limits.MAX_NUM_BLOCKS + 1, 1, (GroupSpec("full"),), True), "num_blocks"),
+        (TargetConfig(4, limits.MAX_BLOCK_SIZE + 1, (GroupSpec("full"),), True), "block_size"),
+        (TargetConfig(4, 1, (GroupSpec("full"),) * (limits.MAX_GROUPS + 1), True), "groups"),
+        (TargetConfig(4, 1, (GroupSpec("chunked_local", limits.MAX_WINDOW_TOKENS + 1),), True), "groups[0].window"),
+    ],
+    ids=["num_blocks", "block_size", "groups", "window"],
+)
+def test_the_configuration_check_applies_the_same_limits(config: TargetConfig, field: str) -> None:
+    """TargetConfig.validate, which every driver runs, refuses a configuration beyond a limit, naming the field."""
+    with pytest.raises(ConfigError) as caught:
+        config.validate()
+    assert caught.value.field == field
+    assert "is above the limit of" in caught.value.detail
+
+
+def test_a_file_above_the_size_limit_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file larger than the limit is refused by its size, naming the size and the limit, without being opened."""
+    path = tmp_path / "huge.json"
+    with path.open("wb") as stream:
+        stream.truncate(10 * limits.MAX_TRACE_BYTES)  # sparse: no disk space, and never read
+
+    def refuse_to_open(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the loader opened a file above the size limit")
+
+    monkeypatch.setattr(Path, "open", refuse_to_open)
+    with pytest.raises(TraceError) as caught:
+        load_trace(path)
+    assert caught.value.where == str(path)
+    assert f"{10 * limits.MAX_TRACE_BYTES} bytes is above the limit of {limits.MAX_TRACE_BYTES}" in caught.value.message
+
+
+def test_a_file_at_the_size_limit_is_read(tmp_path: Path) -> None:
+    """A valid trace padded with whitespace to exactly the size limit loads."""
+    text = S000.read_text()
+    path = tmp_path / "padded.json"
+    path.write_bytes(text.encode() + b" " * (limits.MAX_TRACE_BYTES - len(text.encode())))
+    assert load_trace(path) == load_trace(S000)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("nested_lists", "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("nested_objects", '{"a":' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
+        ("number_of_5000_digits", '{"format": ' + "7" * 5000 + "}", "not valid JSON"),
+        ("byte_order_mark", "\ufeff" + S000.read_text(), "not valid JSON"),
+    ],
+    ids=["nested_lists", "nested_objects", "number_of_5000_digits", "byte_order_mark"],
+)
+def test_json_that_python_cannot_read_is_a_trace_error(name: str, text: str, message: str) -> None:
+    """Deep nesting, a number too long to convert and a byte-order mark raise TraceError, not a Python error."""
+    with pytest.raises(TraceError, match=message):
+        parse_trace(text, name)
+
+
 # -- round trip --------------------------------------------------------------------
 
 
@@ -261,6 +536,68 @@ def test_schema_operation_fields_are_the_operation_attributes(op_schema: dict[st
         assert set(op_schema["required"]) == attributes | {"op"}, name
         assert set(op_schema["properties"]) == attributes | {"op"}, name
         assert op_schema["additionalProperties"] is False, name
+
+
+def op_schema_named(name: str) -> dict[str, Any]:
+    return next(op_schema for op_schema in OP_SCHEMAS if name in schema_op_names(op_schema))
+
+
+def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
+    """Each maximum, maxItems and maxLength in the schema equals its constant in kvcheck.limits."""
+    config = SCHEMA["properties"]["config"]["properties"]
+    add, schedule_op, evict_op = (op_schema_named(n)["properties"] for n in ("add_request", "schedule", "evict_blocks"))
+    pairs = {
+        "config.num_blocks": (config["num_blocks"]["maximum"], limits.MAX_NUM_BLOCKS),
+        "config.block_size": (config["block_size"]["maximum"], limits.MAX_BLOCK_SIZE),
+        "config.groups": (config["groups"]["maxItems"], limits.MAX_GROUPS),
+        "window": (config["groups"]["items"]["properties"]["window"]["maximum"], limits.MAX_WINDOW_TOKENS),
+        "ops": (SCHEMA["properties"]["ops"]["maxItems"], limits.MAX_OPS),
+        "prompt": (add["prompt"]["maxItems"], limits.MAX_PROMPT_TOKENS),
+        "prompt[i]": (add["prompt"]["items"]["maximum"], limits.MAX_TOKEN_ID),
+        "num_new_tokens": (schedule_op["num_new_tokens"]["maximum"], limits.MAX_SCHEDULE_TOKENS),
+        "num_external_tokens": (schedule_op["num_external_tokens"]["maximum"], limits.MAX_SCHEDULE_TOKENS),
+        "sampled_token": (schedule_op["sampled_token"]["maximum"], limits.MAX_TOKEN_ID),
+        "block_ids": (evict_op["block_ids"]["maxItems"], limits.MAX_EVICT_BLOCK_IDS),
+        "block_ids[i]": (evict_op["block_ids"]["items"]["maximum"], limits.MAX_NUM_BLOCKS - 1),
+        "file size": (SCHEMA["x-kvcheck-limits"]["max_file_bytes"], limits.MAX_TRACE_BYTES),
+        "prompt tokens per trace": (
+            SCHEMA["x-kvcheck-limits"]["max_prompt_tokens_per_trace"],
+            limits.MAX_TRACE_PROMPT_TOKENS,
+        ),
+    }
+    for op_schema in OP_SCHEMAS:
+        if "request_id" in op_schema["properties"]:
+            name = "/".join(schema_op_names(op_schema))
+            pairs[f"{name}.request_id"] = (
+                op_schema["properties"]["request_id"]["maxLength"],
+                limits.MAX_REQUEST_ID_CHARS,
+            )
+    drifted = {field: pair for field, pair in pairs.items() if pair[0] != pair[1]}
+    assert not drifted, f"schema value != kvcheck.limits constant: {drifted}"
+
+
+def bounded_nodes(node: object, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every integer, array and string node of the schema that operations or the config hold, with its path."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("type") in ("integer", "array") or (node.get("type") == "string" and path.endswith("request_id")):
+            found.append((path, node))
+        for key, value in node.items():
+            found += bounded_nodes(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += bounded_nodes(value, f"{path}/{index}")
+    return found
+
+
+def test_every_number_list_and_request_id_in_the_schema_is_bounded() -> None:
+    """No integer, list or request id in the schema is left without an upper bound."""
+    nodes = bounded_nodes(SCHEMA)
+    assert len(nodes) >= 15, nodes
+    unbounded = [
+        path for path, node in nodes if not {"maximum", "maxItems", "maxLength"} & node.keys() and "const" not in node
+    ]
+    assert not unbounded, unbounded
 
 
 @pytest.mark.parametrize("path", CORPUS_PATHS, ids=[p.stem for p in CORPUS_PATHS])
