@@ -70,6 +70,7 @@ def run_manager_machine(
     ``seed`` fixes the search's random seed.  Afterwards ``Lockstep.latest``
     is the minimal run, so the repro hook writes the shrunk trace.
     """
+    __tracebackhide__ = True  # pytest shows the shrunk failure, not this function's source
     machine = manager_machine(make_target, num_groups)
     if seed is not None:
         machine = fixed_seed(seed)(machine)
