@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
+from kvcheck.replay import resolve_target
 from kvcheck.repro import failing_trace, write_repro
-from kvcheck.targets import TargetFactory, component_allocators, load_target
+from kvcheck.targets import TargetFactory, component_allocators
 from models.invariants import InvariantViolation
 from stateful_tests.profiles import register_profiles
 
@@ -34,7 +34,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--fault",
         default=None,
-        help="plant a catalogued fault (see `kvcheck faults`) into the kvcore target; the suite should then fail",
+        help=(
+            "plant a catalogued fault (see `kvcheck faults`) into the target: any fault into kvcore, "
+            "the seed faults into vllm too; the suite should then fail"
+        ),
     )
     group.addoption(
         "--groups",
@@ -46,13 +49,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture
 def make_target(request: pytest.FixtureRequest) -> TargetFactory:
-    """The factory of the target under test, from --target (and --fault)."""
-    fault_name = request.config.getoption("--fault")
-    if fault_name is None:
-        return load_target(request.config.getoption("--target"))
-    if request.config.getoption("--target") != "kvcore":
-        raise pytest.UsageError("--fault applies to --target kvcore only")
-    return get_fault(fault_name).kvcore_target
+    """The factory of the target under test, from --target (and --fault: planted into kvcore, or
+    into vLLM for the faults expressed against it)."""
+    try:
+        return resolve_target(request.config.getoption("--target"), request.config.getoption("--fault"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--target/--fault: {exc}") from None
 
 
 GROUP_LAYOUTS: tuple[int | None, ...] = (None, 2, 3, 4)
