@@ -23,34 +23,20 @@ SEARCH_PHASES = (Phase.explicit, Phase.reuse, Phase.generate)
 the target phase is left out because hill-climbing on one score spent half of a run's examples on
 one configuration, where fresh examples visit many (measured by benchmarks/bench_detection.py)."""
 
+_COMMON = settings(
+    deadline=None,
+    suppress_health_check=SLOW_OK,
+    # The free-queue and block-pool machines shrink with Hypothesis; the manager
+    # machine's runner drops the shrink phase (stateful_tests/run.py).
+    phases=(*SEARCH_PHASES, Phase.shrink),
+)
+
 PROFILES = {
-    "dev": settings(
-        # 600 examples: every catalogued fault is caught from at least 19 seeds in 20
-        # (benchmarks/bench_detection.py); a clean run takes some 20 s per layout.
-        max_examples=600,
-        stateful_step_count=40,
-        deadline=None,
-        suppress_health_check=SLOW_OK,
-        phases=(*SEARCH_PHASES, Phase.shrink),
-    ),
-    "ci": settings(
-        derandomize=True,
-        database=None,
-        max_examples=400,
-        stateful_step_count=40,
-        deadline=None,
-        print_blob=True,
-        suppress_health_check=SLOW_OK,
-        phases=(*SEARCH_PHASES, Phase.shrink),
-    ),
-    "thorough": settings(
-        max_examples=20_000,
-        stateful_step_count=80,
-        deadline=None,
-        print_blob=True,
-        suppress_health_check=SLOW_OK,
-        phases=(*SEARCH_PHASES, Phase.shrink),
-    ),
+    # 600 examples: every catalogued fault is caught from at least 19 seeds in 20
+    # (benchmarks/bench_detection.py); a clean run takes some 20 s per layout.
+    "dev": settings(_COMMON, max_examples=600, stateful_step_count=40),
+    "ci": settings(_COMMON, derandomize=True, database=None, max_examples=400, stateful_step_count=40, print_blob=True),
+    "thorough": settings(_COMMON, max_examples=20_000, stateful_step_count=80, print_blob=True),
 }
 
 
