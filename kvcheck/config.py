@@ -63,12 +63,15 @@ class GroupSpec:
 @attrs.frozen
 class TargetConfig:
     """A KV cache to test: ``num_blocks`` blocks (block 0 is the null block) of
-    ``block_size`` tokens shared by ``groups``, with prefix caching on or off."""
+    ``block_size`` tokens shared by ``groups``, with prefix caching on or off;
+    ``use_eagle`` serves an EAGLE/MTP drafter (a prefix hit drops its last
+    matched block)."""
 
     num_blocks: int
     block_size: int
     groups: tuple[GroupSpec, ...]
     enable_caching: bool
+    use_eagle: bool = False
 
     def validate(self) -> TargetConfig:
         """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
@@ -88,17 +91,31 @@ class TargetConfig:
             if not isinstance(group, GroupSpec):
                 raise ConfigError(f"groups[{index}]", f"must be a group spec, got {shown(group)}")
             group.validate(self.block_size, f"groups[{index}]")
+        if not isinstance(self.use_eagle, bool):
+            raise ConfigError("use_eagle", f"must be true or false, got {shown(self.use_eagle)}")
+        if self.use_eagle and self.enable_caching:
+            for index, group in enumerate(self.groups):
+                if group.kind == "chunked_local":
+                    raise ConfigError(
+                        "use_eagle",
+                        f"true with groups[{index}] chunked_local: a chunked-local hit cannot drop a block "
+                        "(vLLM 0.33.0 asserts on it)",
+                    )
         return self
 
     def describe(self) -> str:
         kinds = ", ".join(g.kind if g.window is None else f"{g.kind}({g.window})" for g in self.groups)
         caching = "on" if self.enable_caching else "off"
-        return f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}, groups [{kinds}]"
+        eagle = ", EAGLE drafter" if self.use_eagle else ""
+        return f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}, groups [{kinds}]"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document: dict[str, Any] = {
             "num_blocks": self.num_blocks,
             "block_size": self.block_size,
             "enable_caching": self.enable_caching,
             "groups": [group.to_json() for group in self.groups],
         }
+        if self.use_eagle:
+            document["use_eagle"] = True
+        return document

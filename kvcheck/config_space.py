@@ -9,7 +9,7 @@ short windows drop blocks early, so a prefix hit leaves some of each local
 group's blocks in the free queue.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
-allocate from.
+allocate from.  A third of the configurations serve an EAGLE drafter.
 """
 
 from __future__ import annotations
@@ -52,4 +52,8 @@ def random_config(
     # windows dropped blocks; tiny pools keep exhaustion frequent.
     num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
     enable_caching = rng.random() < 0.5 if caching is None else caching
-    return TargetConfig(num_blocks, block_size, groups, enable_caching)
+    # An EAGLE drafter in a third of the runs (drawn last, so the rest of the
+    # configuration is the same with or without it); vLLM refuses it beside a
+    # chunked-local group while caching is on.
+    use_eagle = rng.random() < 1 / 3 and not (enable_caching and any(g.kind == "chunked_local" for g in groups))
+    return TargetConfig(num_blocks, block_size, groups, enable_caching, use_eagle)

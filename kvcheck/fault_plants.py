@@ -197,6 +197,7 @@ class _CeilBoundFullManager(FullAttentionManager):
         group_ids: Sequence[int],
         pool: kvcore.BlockPool,
         spec: kvcore.AttentionSpec,
+        drop_last: bool = False,
     ) -> tuple[HitBlocks, int]:
         hit: HitBlocks = tuple([] for _ in group_ids)
         # The bug: ceil_div where floor division was meant; a hit may now end
@@ -208,21 +209,55 @@ class _CeilBoundFullManager(FullAttentionManager):
                 break
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
+        if drop_last and hit[0]:
+            for group_blocks in hit:
+                group_blocks.pop()
         return hit, len(hit[0]) * spec.block_size
 
 
-def plant_full_hit_rounds_up(manager: kvcore.KVCacheManager) -> None:
+def _move_managers(manager: kvcore.KVCacheManager, cls: type[Any], faulty: type[Any]) -> None:
+    """Move this manager's single-type managers of class ``cls`` to the subclass ``faulty``."""
     coordinator = manager.coordinator
     for group_manager in coordinator.managers:
-        if type(group_manager) is FullAttentionManager:
-            group_manager.__class__ = _CeilBoundFullManager
+        if type(group_manager) is cls:
+            group_manager.__class__ = faulty
     # A hybrid coordinator looks hits up through the class it recorded per spec group.
     spec_groups = getattr(coordinator, "spec_groups", None)
     if spec_groups is not None:
         coordinator.spec_groups = tuple(  # type: ignore[attr-defined]
-            attrs.evolve(g, manager_class=_CeilBoundFullManager) if g.manager_class is FullAttentionManager else g
-            for g in spec_groups
+            attrs.evolve(g, manager_class=faulty) if g.manager_class is cls else g for g in spec_groups
         )
+
+
+def plant_full_hit_rounds_up(manager: kvcore.KVCacheManager) -> None:
+    _move_managers(manager, FullAttentionManager, _CeilBoundFullManager)
+
+
+class _EagleDropWithoutExtraBlockWindow(SlidingWindowManager):
+    """A sliding window whose EAGLE drop is applied to a plain lookup."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: kvcore.BlockPool,
+        spec: kvcore.AttentionSpec,
+        drop_last: bool = False,
+    ) -> tuple[HitBlocks, int]:
+        # The bug: the run was matched for the window alone, without the extra
+        # block a drop needs, then its last block dropped: the hit's window now
+        # starts one block early, at a block nobody found cached.
+        hit, _ = super().find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec)
+        if drop_last and hit[0]:
+            for group_blocks in hit:
+                group_blocks.pop()
+        return hit, len(hit[0]) * spec.block_size
+
+
+def plant_eagle_window_without_extra_block(manager: kvcore.KVCacheManager) -> None:
+    _move_managers(manager, SlidingWindowManager, _EagleDropWithoutExtraBlockWindow)
 
 
 def plant_sliding_window_skip_off_by_one(manager: kvcore.KVCacheManager) -> None:

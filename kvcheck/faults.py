@@ -97,6 +97,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_hybrid_hit_takes_max,
         ),
         Fault(
+            "eagle-window-without-extra-block",
+            "with an EAGLE drafter, the sliding-window hit drops its last block without having matched the extra "
+            "block the drop needs: the hit's window starts at an unmatched block",
+            plants.plant_eagle_window_without_extra_block,
+        ),
+        Fault(
             "hit-taken-before-admission",
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,

@@ -172,7 +172,7 @@ class _Reader:
 
     def config(self, value: object) -> TargetConfig:
         raw = self.object(value, "config")
-        self.keys(raw, {"num_blocks", "block_size", "enable_caching", "groups"}, set(), "config")
+        self.keys(raw, {"num_blocks", "block_size", "enable_caching", "groups"}, {"use_eagle"}, "config")
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
             raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
@@ -184,7 +184,9 @@ class _Reader:
             group = self.object(group, field)
             self.keys(group, {"kind"}, {"window"}, field)
             groups.append(GroupSpec(group["kind"], group.get("window")))
-        config = TargetConfig(raw["num_blocks"], raw["block_size"], tuple(groups), raw["enable_caching"])
+        config = TargetConfig(
+            raw["num_blocks"], raw["block_size"], tuple(groups), raw["enable_caching"], raw.get("use_eagle", False)
+        )
         try:
             return config.validate()
         except ConfigError as exc:

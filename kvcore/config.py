@@ -86,13 +86,24 @@ class KVCacheConfig:
     ``groups`` holds one attention spec per KV-cache group (layers of one
     attention type); with more than one group the cache is *hybrid*.  All
     groups share one block size.  ``max_model_len`` bounds the token slots of
-    a request (``None``: no bound).
+    a request (``None``: no bound).  ``use_eagle`` serves an EAGLE/MTP drafter:
+    a prefix hit drops its last matched block (see :mod:`kvcore.coordinator`);
+    chunked local attention cannot serve one.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
     groups: tuple[AttentionSpec, ...] = attrs.field(converter=tuple, validator=_groups)
     enable_caching: bool = attrs.field(default=True, validator=_boolean)
     max_model_len: int | None = attrs.field(default=None, validator=_max_model_len)
+    use_eagle: bool = attrs.field(default=False, validator=_boolean)
+
+    def __attrs_post_init__(self) -> None:
+        if self.use_eagle and self.enable_caching:
+            for index, spec in enumerate(self.groups):
+                if isinstance(spec, ChunkedLocalAttentionSpec):
+                    raise InvalidConfig(
+                        "use_eagle", True, f"groups[{index}] is chunked local attention, whose hits cannot drop a block"
+                    )
 
     @property
     def block_size(self) -> int:

@@ -110,8 +110,11 @@ class UnitaryCoordinator(KVCacheCoordinator):
         super().__init__(config, enable_caching=True)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+        """The group's own hit; for an EAGLE drafter, its last block dropped (no look past the cap)."""
         manager = self.managers[0]
-        return manager.find_longest_cache_hit(block_hashes, max_length, [0], self.pool, manager.spec)
+        return manager.find_longest_cache_hit(
+            block_hashes, max_length, [0], self.pool, manager.spec, drop_last=self.config.use_eagle
+        )
 
 
 @attrs.frozen
@@ -151,22 +154,38 @@ class HybridCoordinator(KVCacheCoordinator):
         every length below its own hit, so its lookup runs once and is then
         trimmed.  With exactly one full-attention and one other spec group,
         one pass suffices.
+
+        With an EAGLE drafter (``use_eagle``) a group's lookup drops its last
+        matched block, and so looks one block past the candidate (never past
+        the hashed blocks) to find it.  A group that dropped is *verified*;
+        it drops again at a lower candidate only after a lookup that did not
+        drop lowered the candidate (a lowering by another group's own drop
+        keeps it verified).
         """
         num_groups = len(self.managers)
         hit_blocks: list[list[KVBlock] | None] = [None] * num_groups
         hit_lengths = [0] * num_groups
         one_pass = len(self.spec_groups) == 2 and isinstance(self.spec_groups[0].spec, FullAttentionSpec)
+        hashed_tokens = len(block_hashes) * self.config.block_size
+        verified: set[int] = set()
         hit_length = max_length
         while True:
             candidate = hit_length
-            for spec_group in self.spec_groups:
+            for index, spec_group in enumerate(self.spec_groups):
                 first = spec_group.group_ids[0]
                 if isinstance(spec_group.spec, FullAttentionSpec) and hit_blocks[first] is not None:
                     candidate = min(candidate, hit_lengths[first])
                     continue
-                blocks, candidate = spec_group.manager_class.find_longest_cache_hit(
-                    block_hashes, candidate, spec_group.group_ids, self.pool, spec_group.spec
+                drop = self.config.use_eagle and index not in verified
+                lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if drop else candidate
+                blocks, found = spec_group.manager_class.find_longest_cache_hit(
+                    block_hashes, lookup_length, spec_group.group_ids, self.pool, spec_group.spec, drop_last=drop
                 )
+                if drop:
+                    verified.add(index)
+                elif found < candidate:
+                    verified.clear()
+                candidate = found
                 for group_id, group_blocks in zip(spec_group.group_ids, blocks):
                     hit_blocks[group_id] = group_blocks
                     hit_lengths[group_id] = candidate

@@ -87,19 +87,92 @@ class ManagerModel:
         return tuple(self.requests[request_id].tokens[: (block_position + 1) * self.block_size])
 
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
-        """The longest block-aligned prefix, below the last token, that every group finds cached."""
+        """The longest block-aligned prefix, below the last token, that every group finds cached.
+
+        With an EAGLE drafter the hit is :meth:`eagle_hit_blocks` instead.
+        The hit's blocks in each group are those its attention type needs
+        before the boundary (null blocks elsewhere)."""
+        hit_blocks = self.eagle_hit_blocks(request_id) if self.config.use_eagle else self.plain_hit_blocks(request_id)
+        found = []
+        for group_id, group in enumerate(self.groups):
+            needed = needed_positions(group, hit_blocks, self.block_size)
+            blocks = [self.pool.lookup((group_id, self.prefix(request_id, p))) for p in needed]
+            assert None not in blocks
+            found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
+        return hit_blocks * self.block_size, tuple(found)
+
+    def plain_hit_blocks(self, request_id: str) -> int:
+        """The longest hit, in blocks, below the last token, that every group accepts (no drafter)."""
         num_tokens = len(self.requests[request_id].tokens)
-        for hit_blocks in range((num_tokens - 1) // self.block_size, -1, -1):
-            found: list[tuple[int, ...]] = []
-            for group_id, group in enumerate(self.groups):
-                needed = needed_positions(group, hit_blocks, self.block_size)
-                blocks = [self.pool.lookup((group_id, self.prefix(request_id, p))) for p in needed]
-                if None in blocks:
-                    break
-                found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
-            else:
-                return hit_blocks * self.block_size, tuple(found)
-        raise AssertionError("a hit of length 0 is always accepted")
+        return next(
+            h
+            for h in range((num_tokens - 1) // self.block_size, -1, -1)
+            if all(self.accepts(request_id, g, h) for g in range(len(self.groups)))
+        )
+
+    def accepts(self, request_id: str, group_id: int, hit_blocks: int, peek: bool = False) -> bool:
+        """Group ``group_id`` finds cached what a hit of ``hit_blocks`` blocks needs; with ``peek``, the
+        block right after the boundary too (an EAGLE drafter's look at the next block)."""
+        positions = list(needed_positions(self.groups[group_id], hit_blocks, self.block_size))
+        if peek:
+            positions.append(hit_blocks)
+        return all(self.pool.lookup((group_id, self.prefix(request_id, p))) is not None for p in positions)
+
+    def eagle_hit_blocks(self, request_id: str) -> int:
+        """The hit, in blocks, for an EAGLE drafter, as vLLM 0.33.0 finds it.
+
+        A group's lookup with the drop takes the longest hit whose next block
+        (the peek) is cached too, and may look one block past the candidate,
+        up to the last full block of the request.  With one group there is
+        no look past: the candidate is the ``num_tokens - 1`` cap.  With
+        several, groups of one spec are looked up together, full attention
+        first; each lowers the candidate to the longest hit it accepts; the
+        passes repeat until no group lowers it (one pass for full attention
+        plus one other spec).  A group drops (needs the peek) on its first
+        lookup and again only after a lookup without a drop lowered the
+        candidate; full attention is looked up once and only trims after.
+        """
+        num_tokens = len(self.requests[request_id].tokens)
+        capped_blocks = (num_tokens - 1) // self.block_size
+        if len(self.groups) == 1:
+            return self._longest_accepted(request_id, [0], capped_blocks, peek=True)
+        full_blocks = num_tokens // self.block_size
+        spec_groups: dict[GroupSpec, list[int]] = {}
+        for group_id, group in enumerate(self.groups):
+            spec_groups.setdefault(group, []).append(group_id)
+        order = sorted(spec_groups.items(), key=lambda item: item[0].kind != "full")
+        one_pass = len(order) == 2 and order[0][0].kind == "full"
+        full_hits: dict[GroupSpec, int] = {}
+        verified: set[GroupSpec] = set()
+        # The cap in tokens, as the first candidate: num_tokens - 1, not block-aligned.
+        candidate_tokens = num_tokens - 1
+        while True:
+            current = candidate_tokens
+            for spec, group_ids in order:
+                if spec in full_hits:
+                    current = min(current, full_hits[spec] * self.block_size)
+                    continue
+                drop = spec not in verified
+                limit = min(current // self.block_size + 1, full_blocks) if drop else current // self.block_size
+                found = self._longest_accepted(request_id, group_ids, limit, peek=drop) * self.block_size
+                if drop:
+                    verified.add(spec)
+                elif found < current:
+                    verified.clear()
+                current = found
+                if spec.kind == "full":
+                    full_hits[spec] = found // self.block_size
+            if current >= candidate_tokens or one_pass:
+                return min(current, candidate_tokens) // self.block_size
+            candidate_tokens = current
+
+    def _longest_accepted(self, request_id: str, group_ids: list[int], limit_blocks: int, peek: bool) -> int:
+        """The longest hit the groups all accept within ``limit_blocks`` blocks (the peek included)."""
+        top = limit_blocks - 1 if peek else limit_blocks
+        for hit_blocks in range(top, 0, -1):
+            if all(self.accepts(request_id, g, hit_blocks, peek) for g in group_ids):
+                return hit_blocks
+        return 0
 
     def observe(self) -> Observation:
         tables = {}

@@ -21,6 +21,7 @@ HIT_ON_FREE_BLOCK = "hit on a ref-count-0 block"
 EXTERNAL_WITH_LOCAL_HIT = "external tokens with a local hit"
 SLIDING_WINDOW_FREED = "sliding window freed a block"
 REHIT_AFTER_PREEMPTION = "preemption then re-hit of own blocks"
+EAGLE_DROP_SHORTENED_HIT = "EAGLE drop shortened a hit"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -31,6 +32,7 @@ ALL_LABELS = (
     EXTERNAL_WITH_LOCAL_HIT,
     SLIDING_WINDOW_FREED,
     REHIT_AFTER_PREEMPTION,
+    EAGLE_DROP_SHORTENED_HIT,
 )
 
 LABELS_SEEN: Counter[str] = Counter()
@@ -45,12 +47,19 @@ class BeforeStep:
     cached: set[int]
     sliding_nulls: int
     held_by_request: set[int]
+    plain_hit_tokens: int | None
+    """For a waiting request's schedule with an EAGLE drafter: the hit without the drop."""
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
         request_id = getattr(op, "request_id", None)
         held = {b for (rid, _), table in model.pool.holders.items() if rid == request_id for b in table}
-        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0})
+        plain = None
+        if isinstance(op, Schedule) and model.config.use_eagle and model.config.enable_caching:
+            request = model.requests.get(op.request_id)
+            if request is not None and not request.running:
+                plain = model.plain_hit_blocks(op.request_id) * model.block_size
+        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain)
 
 
 def _sliding_nulls(model: ManagerModel, op: Operation) -> int:
@@ -90,6 +99,8 @@ def step_labels(
             labels.append(EXTERNAL_WITH_LOCAL_HIT)
         if hit_ids & held_before_preemption.pop(op.request_id, set()):
             labels.append(REHIT_AFTER_PREEMPTION)
+    if before.plain_hit_tokens is not None and (result.hit_length or 0) < before.plain_hit_tokens:
+        labels.append(EAGLE_DROP_SHORTENED_HIT)
     if _sliding_nulls(model, op) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
     return labels

@@ -24,7 +24,9 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         else:
             assert group.window is not None
             specs.append(kvcore.ChunkedLocalAttentionSpec(config.block_size, group.window))
-    return kvcore.KVCacheConfig(config.num_blocks, specs, enable_caching=config.enable_caching)
+    return kvcore.KVCacheConfig(
+        config.num_blocks, specs, enable_caching=config.enable_caching, use_eagle=config.use_eagle
+    )
 
 
 class KvcoreTarget(SchedulerDrivenTarget):

@@ -143,6 +143,7 @@ def make_manager(
     block_size: int,
     enable_caching: bool,
     max_model_len: int = MAX_MODEL_LEN,
+    use_eagle: bool = False,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``."""
     v = require_vllm()
@@ -157,6 +158,7 @@ def make_manager(
         hash_block_size=block_size,
         enable_caching=enable_caching,
         watermark=0.0,
+        use_eagle=use_eagle,
     )
 
 
@@ -206,7 +208,9 @@ class VllmTarget(SchedulerDrivenTarget):
     def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None) -> None:
         self._v = require_vllm()
         super().__init__(config)
-        self.manager = make_manager(config.groups, config.num_blocks, config.block_size, config.enable_caching)
+        self.manager = make_manager(
+            config.groups, config.num_blocks, config.block_size, config.enable_caching, use_eagle=config.use_eagle
+        )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool

@@ -53,11 +53,14 @@ class SingleTypeManager:
         group_ids: Sequence[int],
         pool: BlockPool,
         spec: AttentionSpec,
+        drop_last: bool = False,
     ) -> tuple[HitBlocks, int]:
         """The longest prefix hit of at most ``max_length`` tokens that this type accepts.
 
         Returns one block list per group of ``group_ids`` (null blocks where
-        the type needs nothing) and the hit length in tokens.
+        the type needs nothing) and the hit length in tokens.  With
+        ``drop_last`` (an EAGLE drafter) the matched run's last block is
+        dropped: the drafter recomputes its position.
         """
         raise NotImplementedError
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
 from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec
+from kvcore.errors import InvalidArgument
 from kvcore.hashing import BlockHash
 from kvcore.managers.base import HitBlocks, SingleTypeManager
 
@@ -32,10 +33,14 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         group_ids: Sequence[int],
         pool: BlockPool,
         spec: AttentionSpec,
+        drop_last: bool = False,
     ) -> tuple[HitBlocks, int]:
         """Blocks before the chunk holding token ``max_length`` count as hit (null blocks);
-        from that chunk's start on, the hit extends over consecutively cached blocks."""
+        from that chunk's start on, the hit extends over consecutively cached blocks.  A hit
+        cannot drop its last block here (``KVCacheConfig`` refuses EAGLE with this type)."""
         assert isinstance(spec, ChunkedLocalAttentionSpec)
+        if drop_last:
+            raise InvalidArgument("drop_last", drop_last, "chunked local attention cannot drop a hit block")
         block_size = spec.block_size
         chunk = spec.attention_chunk_size
         max_num_blocks = max_length // block_size

@@ -23,6 +23,7 @@ class FullAttentionManager(SingleTypeManager):
         group_ids: Sequence[int],
         pool: BlockPool,
         spec: AttentionSpec,
+        drop_last: bool = False,
     ) -> tuple[HitBlocks, int]:
         # Hashes are chained, so the first miss ends the hit: no later block
         # can match once one has not.
@@ -33,4 +34,7 @@ class FullAttentionManager(SingleTypeManager):
                 break
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
+        if drop_last and hit[0]:
+            for group_blocks in hit:
+                group_blocks.pop()
         return hit, len(hit[0]) * spec.block_size

@@ -38,6 +38,7 @@ class SlidingWindowManager(SingleTypeManager):
         group_ids: Sequence[int],
         pool: BlockPool,
         spec: AttentionSpec,
+        drop_last: bool = False,
     ) -> tuple[HitBlocks, int]:
         """Scan from the longest candidate down for enough contiguous cached blocks.
 
@@ -46,14 +47,17 @@ class SlidingWindowManager(SingleTypeManager):
         earlier positions are returned as null blocks.  The scan stops at the
         first (longest) such run.  Without one, a run of cached blocks from
         block 0 on is still a (short) hit.  Each boundary is visited once, so
-        the scan is linear in the number of candidate blocks.
+        the scan is linear in the number of candidate blocks.  With
+        ``drop_last`` the run needs one block more, which is then dropped:
+        the hit still covers the window before its (lower) boundary.
         """
         assert isinstance(spec, SlidingWindowSpec)
         block_size = spec.block_size
-        needed = contiguous_blocks_for_hit(spec.sliding_window, block_size)
+        needed = contiguous_blocks_for_hit(spec.sliding_window, block_size) + (1 if drop_last else 0)
         max_num_blocks = max_length // block_size
         hit: HitBlocks = tuple([pool.null_block] * max_num_blocks for _ in group_ids)
         run = 0
+        end = None
         for i in range(max_num_blocks - 1, -1, -1):
             cached = pool.get_cached_block(block_hashes[i], group_ids)
             if cached is None:
@@ -63,9 +67,12 @@ class SlidingWindowManager(SingleTypeManager):
                 group_blocks[i] = block
             run += 1
             if run >= needed:
-                for group_blocks in hit:
-                    del group_blocks[i + run :]
-                return hit, (i + run) * block_size
+                end = i + run
+                break
+        if end is None:
+            end = run
         for group_blocks in hit:
-            del group_blocks[run:]
-        return hit, run * block_size
+            del group_blocks[end:]
+            if drop_last and group_blocks:
+                group_blocks.pop()
+        return hit, len(hit[0]) * block_size

@@ -109,6 +109,15 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         "hit_is_sound_and_maximal",
     ),
     # r1 hits r0's block 1 but needs a second block, and none is free: refused.
+    # A 2-token window needs 1 block before the boundary, and with the drop 2 (the extra one is
+    # dropped). r0 cached blocks [2] and [2, 1]; r1 (3 tokens) may hit 1 block: with the extra block
+    # [2, 1] matched, the drop leaves block [2]. Matched without it, the run is [2, 1] alone and the
+    # drop leaves a hit of 1 block whose window position holds the null block.
+    "eagle-window-without-extra-block": (
+        TargetConfig(3, 1, (GroupSpec("sliding_window", 2),), True, use_eagle=True),
+        [AddRequest("r0", (2, 1)), Schedule("r0", 2), AddRequest("r1", (2, 1, 0)), Schedule("r1", 1)],
+        "hit_is_sound_and_maximal",
+    ),
     "hit-taken-before-admission": (
         one_group(2, 1),
         [AddRequest("r0", (1,)), AddRequest("r1", (1, 2)), Schedule("r0", 1), Schedule("r1", 1)],
