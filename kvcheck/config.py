@@ -6,7 +6,15 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from kvcheck.limits import MAX_BLOCK_SIZE, MAX_GROUPS, MAX_NUM_BLOCKS, MAX_WINDOW_TOKENS, above, shown
+from kvcheck.limits import (
+    MAX_BLOCK_SIZE,
+    MAX_GROUPS,
+    MAX_LOOKAHEAD_TOKENS,
+    MAX_NUM_BLOCKS,
+    MAX_WINDOW_TOKENS,
+    above,
+    shown,
+)
 
 GROUP_KINDS = ("full", "sliding_window", "chunked_local")
 
@@ -65,13 +73,16 @@ class TargetConfig:
     """A KV cache to test: ``num_blocks`` blocks (block 0 is the null block) of
     ``block_size`` tokens shared by ``groups``, with prefix caching on or off;
     ``use_eagle`` serves an EAGLE/MTP drafter (a prefix hit drops its last
-    matched block)."""
+    matched block); every step reserves ``num_lookahead_tokens`` slots past
+    the tokens it computes, for a drafter's tokens (vLLM's scheduler passes
+    its speculative token count to every ``allocate_slots``)."""
 
     num_blocks: int
     block_size: int
     groups: tuple[GroupSpec, ...]
     enable_caching: bool
     use_eagle: bool = False
+    num_lookahead_tokens: int = 0
 
     def validate(self) -> TargetConfig:
         """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
@@ -91,6 +102,11 @@ class TargetConfig:
             if not isinstance(group, GroupSpec):
                 raise ConfigError(f"groups[{index}]", f"must be a group spec, got {shown(group)}")
             group.validate(self.block_size, f"groups[{index}]")
+        lookahead = self.num_lookahead_tokens
+        if not is_int(lookahead) or lookahead < 0:
+            raise ConfigError("num_lookahead_tokens", f"must be an integer >= 0, got {shown(lookahead)}")
+        if lookahead > MAX_LOOKAHEAD_TOKENS:
+            raise ConfigError("num_lookahead_tokens", above(lookahead, MAX_LOOKAHEAD_TOKENS, "tokens"))
         if not isinstance(self.use_eagle, bool):
             raise ConfigError("use_eagle", f"must be true or false, got {shown(self.use_eagle)}")
         if self.use_eagle and self.enable_caching:
@@ -107,7 +123,11 @@ class TargetConfig:
         kinds = ", ".join(g.kind if g.window is None else f"{g.kind}({g.window})" for g in self.groups)
         caching = "on" if self.enable_caching else "off"
         eagle = ", EAGLE drafter" if self.use_eagle else ""
-        return f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}, groups [{kinds}]"
+        lookahead = f", lookahead {self.num_lookahead_tokens}" if self.num_lookahead_tokens else ""
+        return (
+            f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}, "
+            f"groups [{kinds}]"
+        )
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -118,4 +138,6 @@ class TargetConfig:
         }
         if self.use_eagle:
             document["use_eagle"] = True
+        if self.num_lookahead_tokens:
+            document["num_lookahead_tokens"] = self.num_lookahead_tokens
         return document

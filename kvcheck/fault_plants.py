@@ -359,3 +359,40 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
+
+
+# -- lookahead -----------------------------------------------------------------
+
+
+def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    allocate_slots = manager.allocate_slots
+    count_blocks = coordinator.num_blocks_to_allocate
+
+    def allocate_slots_sized_without_lookahead(
+        request: kvcore.Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> Any:
+        def blocks_for_computed_tokens(request_id: str, num_tokens: int, hit: Any, total_computed: int) -> int:
+            # The bug: admission is sized for the tokens the step computes; the
+            # drafter's lookahead slots are left out, though they are allocated.
+            return count_blocks(request_id, num_tokens - num_lookahead_tokens, hit, total_computed)
+
+        coordinator.num_blocks_to_allocate = blocks_for_computed_tokens  # type: ignore[method-assign]
+        try:
+            return allocate_slots(
+                request,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                num_external_computed_tokens,
+            )
+        finally:
+            del coordinator.num_blocks_to_allocate
+
+    manager.allocate_slots = allocate_slots_sized_without_lookahead  # type: ignore[method-assign]

@@ -103,6 +103,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_eagle_window_without_extra_block,
         ),
         Fault(
+            "admission-ignores-lookahead",
+            "allocate_slots sizes admission for the tokens a step computes, leaving out the drafter's lookahead "
+            "slots it then allocates: a step is admitted that cannot be allocated",
+            plants.plant_admission_ignores_lookahead,
+        ),
+        Fault(
             "hit-taken-before-admission",
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,

@@ -46,6 +46,9 @@ MAX_TRACE_PROMPT_TOKENS = 4096
 MAX_TOKEN_ID = 2**31 - 1
 """A token id: a prompt token or a ``sampled_token``."""
 
+MAX_LOOKAHEAD_TOKENS = 64
+"""``config.num_lookahead_tokens``: slots reserved past each step for a drafter's tokens."""
+
 MAX_SCHEDULE_TOKENS = 65536
 """``num_new_tokens`` and ``num_external_tokens`` of one ``schedule``."""
 

@@ -172,7 +172,8 @@ class _Reader:
 
     def config(self, value: object) -> TargetConfig:
         raw = self.object(value, "config")
-        self.keys(raw, {"num_blocks", "block_size", "enable_caching", "groups"}, {"use_eagle"}, "config")
+        required = {"num_blocks", "block_size", "enable_caching", "groups"}
+        self.keys(raw, required, {"use_eagle", "num_lookahead_tokens"}, "config")
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
             raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
@@ -185,7 +186,12 @@ class _Reader:
             self.keys(group, {"kind"}, {"window"}, field)
             groups.append(GroupSpec(group["kind"], group.get("window")))
         config = TargetConfig(
-            raw["num_blocks"], raw["block_size"], tuple(groups), raw["enable_caching"], raw.get("use_eagle", False)
+            raw["num_blocks"],
+            raw["block_size"],
+            tuple(groups),
+            raw["enable_caching"],
+            raw.get("use_eagle", False),
+            raw.get("num_lookahead_tokens", 0),
         )
         try:
             return config.validate()

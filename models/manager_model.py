@@ -228,7 +228,9 @@ class ManagerModel:
         amounts = plan_schedule(op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None)
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
-        slots = total_computed + amounts.num_new_tokens
+        main_model_tokens = total_computed + amounts.num_new_tokens
+        # Slots past the computed tokens are reserved for a drafter's tokens.
+        slots = main_model_tokens + self.config.num_lookahead_tokens
         result_hit = (hit_length, hit_ids) if waiting else (None, None)
 
         # Blocks that left every future token's window are released whether
@@ -267,7 +269,8 @@ class ManagerModel:
         new_ids = tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
 
         if self.config.enable_caching:
-            self._cache_full_blocks(rid, min(slots, len(request.tokens)))
+            # Only tokens that exist are cached: never the drafter's slots.
+            self._cache_full_blocks(rid, min(main_model_tokens, len(request.tokens)))
         request.running = True
         request.num_computed_tokens = total_computed + amounts.num_new_tokens
         if request.num_computed_tokens == len(request.tokens):

@@ -6,6 +6,7 @@ step did, not how the target did it.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import attrs
@@ -22,6 +23,7 @@ EXTERNAL_WITH_LOCAL_HIT = "external tokens with a local hit"
 SLIDING_WINDOW_FREED = "sliding window freed a block"
 REHIT_AFTER_PREEMPTION = "preemption then re-hit of own blocks"
 EAGLE_DROP_SHORTENED_HIT = "EAGLE drop shortened a hit"
+LOOKAHEAD_REFUSED = "lookahead slots made a step not fit"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -33,6 +35,7 @@ ALL_LABELS = (
     SLIDING_WINDOW_FREED,
     REHIT_AFTER_PREEMPTION,
     EAGLE_DROP_SHORTENED_HIT,
+    LOOKAHEAD_REFUSED,
 )
 
 LABELS_SEEN: Counter[str] = Counter()
@@ -49,6 +52,8 @@ class BeforeStep:
     held_by_request: set[int]
     plain_hit_tokens: int | None
     """For a waiting request's schedule with an EAGLE drafter: the hit without the drop."""
+    fits_without_lookahead: bool | None
+    """For a schedule while steps reserve lookahead slots: whether it is admitted without them."""
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -59,7 +64,14 @@ class BeforeStep:
             request = model.requests.get(op.request_id)
             if request is not None and not request.running:
                 plain = model.plain_hit_blocks(op.request_id) * model.block_size
-        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain)
+        fits = None
+        if isinstance(op, Schedule) and model.config.num_lookahead_tokens:
+            without = copy.deepcopy(model)
+            without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
+            fits = bool(without.apply(op).admitted)
+        return cls(
+            set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain, fits
+        )
 
 
 def _sliding_nulls(model: ManagerModel, op: Operation) -> int:
@@ -101,6 +113,8 @@ def step_labels(
             labels.append(REHIT_AFTER_PREEMPTION)
     if before.plain_hit_tokens is not None and (result.hit_length or 0) < before.plain_hit_tokens:
         labels.append(EAGLE_DROP_SHORTENED_HIT)
+    if result.admitted is False and before.fits_without_lookahead:
+        labels.append(LOOKAHEAD_REFUSED)
     if _sliding_nulls(model, op) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
     return labels

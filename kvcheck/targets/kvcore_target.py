@@ -55,11 +55,17 @@ class KvcoreTarget(SchedulerDrivenTarget):
     def _allocate_slots(
         self, request: kvcore.Request, num_new_tokens: int, hit: tuple[Any, int] | None, external: int
     ) -> Any:
+        lookahead = self.config.num_lookahead_tokens
         if hit is None:
-            return self.manager.allocate_slots(request, num_new_tokens)
+            return self.manager.allocate_slots(request, num_new_tokens, num_lookahead_tokens=lookahead)
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
-            request, num_new_tokens, hit_length, hit_blocks, num_external_computed_tokens=external
+            request,
+            num_new_tokens,
+            hit_length,
+            hit_blocks,
+            num_lookahead_tokens=lookahead,
+            num_external_computed_tokens=external,
         )
 
     def _free(self, request: kvcore.Request) -> None:

@@ -223,14 +223,18 @@ class VllmTarget(SchedulerDrivenTarget):
         return hit_blocks, hit_length
 
     def _allocate_slots(self, request: Any, num_new_tokens: int, hit: tuple[Any, int] | None, external: int) -> Any:
+        lookahead = self.config.num_lookahead_tokens
         if hit is None:
-            return self.manager.allocate_slots(request, num_new_tokens, new_computed_blocks=None)
+            return self.manager.allocate_slots(
+                request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=lookahead
+            )
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
             request,
             num_new_tokens,
             num_new_computed_tokens=hit_length,
             new_computed_blocks=hit_blocks,
+            num_lookahead_tokens=lookahead,
             num_external_computed_tokens=external,
         )
 

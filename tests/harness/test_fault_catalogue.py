@@ -118,6 +118,14 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (2, 1)), Schedule("r0", 2), AddRequest("r1", (2, 1, 0)), Schedule("r1", 1)],
         "hit_is_sound_and_maximal",
     ),
+    # Two full groups share 2 usable blocks of 2 tokens; a 1-token step with 3 lookahead slots needs
+    # 2 blocks per group: refused. Sized without the lookahead it needs 1 per group, is admitted,
+    # and the allocation runs out of blocks.
+    "admission-ignores-lookahead": (
+        TargetConfig(3, 2, (FULL, FULL), True, num_lookahead_tokens=3),
+        [AddRequest("r0", (0,)), Schedule("r0", 1)],
+        "target_raised",
+    ),
     "hit-taken-before-admission": (
         one_group(2, 1),
         [AddRequest("r0", (1,)), AddRequest("r1", (1, 2)), Schedule("r0", 1), Schedule("r1", 1)],

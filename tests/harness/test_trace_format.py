@@ -551,6 +551,7 @@ def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
         "config.block_size": (config["block_size"]["maximum"], limits.MAX_BLOCK_SIZE),
         "config.groups": (config["groups"]["maxItems"], limits.MAX_GROUPS),
         "window": (config["groups"]["items"]["properties"]["window"]["maximum"], limits.MAX_WINDOW_TOKENS),
+        "config.num_lookahead_tokens": (config["num_lookahead_tokens"]["maximum"], limits.MAX_LOOKAHEAD_TOKENS),
         "ops": (SCHEMA["properties"]["ops"]["maxItems"], limits.MAX_OPS),
         "prompt": (add["prompt"]["maxItems"], limits.MAX_PROMPT_TOKENS),
         "prompt[i]": (add["prompt"]["items"]["maximum"], limits.MAX_TOKEN_ID),
@@ -695,4 +696,19 @@ def test_use_eagle_beside_a_chunked_local_group_is_refused_naming_the_field(tmp_
     path = tmp_path / "eagle_chunked.json"
     path.write_text(json.dumps(document))
     with pytest.raises(TraceError, match=r"field 'config.use_eagle'.*chunked_local"):
+        load_trace(path)
+
+
+def test_num_lookahead_tokens_round_trips_and_is_refused_above_its_limit(tmp_path: Path) -> None:
+    """Lookahead slots are written when set, load back equal, and a value above the limit is refused
+    naming the field, the value and the limit."""
+    config = TargetConfig(8, 2, (GroupSpec("full"),), True, num_lookahead_tokens=3)
+    assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "la.json").config == config
+    document = json.loads(Trace(config, (AddRequest("r0", (0,)),)).dumps())
+    document["config"]["num_lookahead_tokens"] = limits.MAX_LOOKAHEAD_TOKENS + 1
+    path = tmp_path / "lookahead.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(
+        TraceError, match=rf"config.num_lookahead_tokens'.*above the limit of {limits.MAX_LOOKAHEAD_TOKENS}"
+    ):
         load_trace(path)
