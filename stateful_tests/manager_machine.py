@@ -20,7 +20,7 @@ from kvcheck.ops import (
 )
 from kvcheck.targets import TargetFactory
 from stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
-from stateful_tests.strategies import MAX_LIVE_REQUESTS, prompts, target_configs, tokens
+from stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
 
 
 def manager_machine(
@@ -85,11 +85,13 @@ def manager_machine(
         @precondition(lambda self: len(self.lockstep.model.requests) < MAX_LIVE_REQUESTS)
         @rule(target=requests, data=st.data())
         def add_request(self, data: st.DataObject) -> str:
-            """A request arrives: a new prompt, or half the time one seen before in this run (the
-            same question asked again, or another sample of it, n > 1), whose hit may then cover
-            every block the first one computed."""
+            """A request arrives: a new prompt (some of them a whole number of blocks long, where the
+            num_tokens - 1 cap and the EAGLE drop bite), or one seen before in this run (the same
+            question asked again, or another sample of it, n > 1), whose hit may then cover every
+            block the first one computed."""
+            fresh = prompts | block_aligned_prompts(self.lockstep.model.block_size)
             seen = sorted(set(self.prompts.values()))
-            fresh_or_seen = prompts | st.sampled_from(seen) if seen else prompts
+            fresh_or_seen = fresh | st.sampled_from(seen) if seen else fresh
             return self._add(data.draw(fresh_or_seen, label="prompt"))
 
         def _add(self, prompt: tuple[int, ...]) -> str:

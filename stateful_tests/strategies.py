@@ -31,3 +31,14 @@ def target_configs(
 
 prompts = st.lists(st.integers(0, TOKEN_ALPHABET - 1), min_size=1, max_size=8).map(tuple)
 tokens = st.integers(0, TOKEN_ALPHABET - 1)
+
+
+def block_aligned_prompts(block_size: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Prompts of 1 to 4 whole blocks."""
+    return (
+        st.integers(1, 4)
+        .flatmap(
+            lambda num_blocks: st.lists(tokens, min_size=num_blocks * block_size, max_size=num_blocks * block_size)
+        )
+        .map(tuple)
+    )
