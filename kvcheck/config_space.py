@@ -9,7 +9,7 @@ short windows drop blocks early, so a prefix hit leaves some of each local
 group's blocks in the free queue.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
-allocate from.  A third of the configurations with caching on serve an EAGLE
+allocate from.  Half the configurations with caching on serve an EAGLE
 drafter, and a third reserve lookahead slots for a drafter's tokens in every
 step.
 """
@@ -54,10 +54,10 @@ def random_config(
     # windows dropped blocks; tiny pools keep exhaustion frequent.
     num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
     enable_caching = rng.random() < 0.5 if caching is None else caching
-    # An EAGLE drafter in a third of the runs with caching on (its drop only shapes
+    # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
-    eagle_drawn = rng.random() < 1 / 3
+    eagle_drawn = rng.random() < 1 / 2
     use_eagle = eagle_drawn and enable_caching and not any(g.kind == "chunked_local" for g in groups)
     # A drafter proposes a few tokens per step, and every step reserves slots for them.
     num_lookahead_tokens = rng.choice([1, 2, 3, 4]) if rng.random() < 1 / 3 else 0

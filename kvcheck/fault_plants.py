@@ -396,3 +396,17 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
             del coordinator.num_blocks_to_allocate
 
     manager.allocate_slots = allocate_slots_sized_without_lookahead  # type: ignore[method-assign]
+
+
+# -- speculative steps ---------------------------------------------------------
+
+
+def plant_spec_output_caches_one_token_short(manager: kvcore.KVCacheManager) -> None:
+    cache_blocks = manager.cache_blocks
+
+    def cache_blocks_one_short(request: kvcore.Request, num_computed_tokens: int) -> None:
+        # The bug: the last computed token is taken to be still in flight, so a
+        # block that the accepted drafts completed is not cached until the next step.
+        cache_blocks(request, max(0, num_computed_tokens - 1))
+
+    manager.cache_blocks = cache_blocks_one_short  # type: ignore[method-assign]

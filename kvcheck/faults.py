@@ -109,6 +109,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_admission_ignores_lookahead,
         ),
         Fault(
+            "spec-output-caches-one-token-short",
+            "cache_blocks after a speculative step's output stops one token short: the block the accepted "
+            "drafts completed is not published until the next step",
+            plants.plant_spec_output_caches_one_token_short,
+        ),
+        Fault(
             "hit-taken-before-admission",
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,

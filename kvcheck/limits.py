@@ -49,6 +49,9 @@ MAX_TOKEN_ID = 2**31 - 1
 MAX_LOOKAHEAD_TOKENS = 64
 """``config.num_lookahead_tokens``: slots reserved past each step for a drafter's tokens."""
 
+MAX_DRAFT_TOKENS = 64
+"""``num_draft_tokens`` and ``num_accepted_tokens`` of one ``spec_decode``."""
+
 MAX_SCHEDULE_TOKENS = 65536
 """``num_new_tokens`` and ``num_external_tokens`` of one ``schedule``."""
 

@@ -46,6 +46,26 @@ class Schedule:
 
 
 @attrs.frozen
+class SpecDecode:
+    """A speculative decode step of a running request at its last token.
+
+    The drafter proposed ``num_draft_tokens`` tokens; the step computes the
+    last token and the drafts (``1 + num_draft_tokens`` slots, plus the
+    configuration's lookahead), then the verifier accepts the first
+    ``num_accepted_tokens`` drafts (at most all of them): the rejected ones
+    are rolled back from ``num_computed_tokens``, and the accepted ones plus
+    one bonus token, each ``sampled_token``, are appended.  For a request
+    that is not running at its last token the step does nothing.
+    """
+
+    name: ClassVar[str] = "spec_decode"
+    request_id: str
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    sampled_token: int = 0
+
+
+@attrs.frozen
 class Finish:
     """The request ends: all its blocks are freed (a no-op for one that holds none)."""
 
@@ -85,10 +105,11 @@ class ResetPrefixCache:
     name: ClassVar[str] = "reset_prefix_cache"
 
 
-Operation = AddRequest | Schedule | Finish | Preempt | FailedLoad | EvictBlocks | ResetPrefixCache
+Operation = AddRequest | Schedule | SpecDecode | Finish | Preempt | FailedLoad | EvictBlocks | ResetPrefixCache
 
 OPERATION_TYPES: dict[str, type[Operation]] = {
-    cls.name: cls for cls in (AddRequest, Schedule, Finish, Preempt, FailedLoad, EvictBlocks, ResetPrefixCache)
+    cls.name: cls
+    for cls in (AddRequest, Schedule, SpecDecode, Finish, Preempt, FailedLoad, EvictBlocks, ResetPrefixCache)
 }
 
 
@@ -103,6 +124,11 @@ def describe_op(op: Operation) -> str:
     if isinstance(op, Schedule):
         extra = f", ext={op.num_external_tokens}" if op.num_external_tokens else ""
         return f"schedule({op.request_id}, new={op.num_new_tokens}{extra}, sampled={op.sampled_token})"
+    if isinstance(op, SpecDecode):
+        return (
+            f"spec_decode({op.request_id}, drafts={op.num_draft_tokens}, accepted={op.num_accepted_tokens}, "
+            f"sampled={op.sampled_token})"
+        )
     if isinstance(op, AddRequest):
         return f"add_request({op.request_id}, prompt={list(op.prompt)})"
     if isinstance(op, EvictBlocks):
@@ -165,7 +191,7 @@ def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[in
             if op.request_id in live:
                 return step, "request_id", f"request {op.request_id!r} is added twice"
             live.add(op.request_id)
-        elif isinstance(op, Schedule | Finish | Preempt | FailedLoad):
+        elif isinstance(op, Schedule | SpecDecode | Finish | Preempt | FailedLoad):
             if op.request_id not in live:
                 return step, "request_id", f"unknown request {op.request_id!r} (not added, or already finished)"
             if isinstance(op, Finish):

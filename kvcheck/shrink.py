@@ -15,7 +15,7 @@ import attrs
 
 from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule, first_reference_error
+from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule, SpecDecode, first_reference_error
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
 from models.invariants import InvariantViolation
@@ -48,6 +48,17 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
                 yield attrs.evolve(op, num_new_tokens=smaller)
         if op.sampled_token:
             yield attrs.evolve(op, sampled_token=0)
+    elif isinstance(op, SpecDecode):
+        if op.num_draft_tokens > 1:
+            yield attrs.evolve(
+                op,
+                num_draft_tokens=op.num_draft_tokens - 1,
+                num_accepted_tokens=min(op.num_accepted_tokens, op.num_draft_tokens - 1),
+            )
+        if op.num_accepted_tokens:
+            yield attrs.evolve(op, num_accepted_tokens=op.num_accepted_tokens - 1)
+        if op.sampled_token:
+            yield attrs.evolve(op, sampled_token=0)
     elif isinstance(op, AddRequest):
         for index in range(len(op.prompt) - 1, -1, -1):
             if len(op.prompt) > 1:
@@ -61,6 +72,12 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
 
 
 def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
+    if config.use_eagle:
+        yield attrs.evolve(config, use_eagle=False)
+    if config.num_lookahead_tokens:
+        yield attrs.evolve(config, num_lookahead_tokens=0)
+        if config.num_lookahead_tokens > 1:
+            yield attrs.evolve(config, num_lookahead_tokens=config.num_lookahead_tokens - 1)
     if len(config.groups) > 1:
         for index in range(len(config.groups)):
             yield attrs.evolve(config, groups=config.groups[:index] + config.groups[index + 1 :])

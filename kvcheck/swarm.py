@@ -27,11 +27,23 @@ from kvcheck.ops import (
     Preempt,
     ResetPrefixCache,
     Schedule,
+    SpecDecode,
 )
 from kvcheck.targets import TargetFactory
 from models.invariants import InvariantViolation
 
-OP_KINDS = ("add", "follow_up", "fill_pool", "schedule", "finish", "preempt", "failed_load", "evict", "reset")
+OP_KINDS = (
+    "add",
+    "follow_up",
+    "fill_pool",
+    "schedule",
+    "spec_decode",
+    "finish",
+    "preempt",
+    "failed_load",
+    "evict",
+    "reset",
+)
 MAX_LIVE_REQUESTS = 6
 TOKEN_ALPHABET = 3
 
@@ -90,6 +102,14 @@ class _Run:
             per_group = max(1, len(model.pool.free_order) // len(model.groups))
             token = rng.randrange(TOKEN_ALPHABET)
             return [AddRequest(self.new_id(), (token,) * (per_group * model.block_size))]
+        if kind == "spec_decode":
+            ready = sorted(
+                r for r, m in model.requests.items() if m.running and m.num_computed_tokens == len(m.tokens) - 1
+            )
+            if ready:
+                drafts = rng.randint(1, 4)
+                return [SpecDecode(rng.choice(ready), drafts, rng.randint(0, drafts), rng.randrange(TOKEN_ALPHABET))]
+            kind = "schedule"
         if kind == "schedule":
             new_tokens = rng.randint(1, rng.choice([4, 32]))
             external = rng.choice([0, rng.randint(1, 8)])

@@ -19,6 +19,7 @@ import attrs
 
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig, is_int
 from kvcheck.limits import (
+    MAX_DRAFT_TOKENS,
     MAX_EVICT_BLOCK_IDS,
     MAX_GROUPS,
     MAX_NUM_BLOCKS,
@@ -107,6 +108,8 @@ class Trace:
 
 # (minimum, maximum) of each integer field of an operation.
 _INT_FIELDS = {
+    "num_draft_tokens": (1, MAX_DRAFT_TOKENS),
+    "num_accepted_tokens": (0, MAX_DRAFT_TOKENS),
     "num_new_tokens": (1, MAX_SCHEDULE_TOKENS),
     "num_external_tokens": (0, MAX_SCHEDULE_TOKENS),
     "sampled_token": (0, MAX_TOKEN_ID),

@@ -126,6 +126,18 @@ class KVCacheManager:
             coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
         return new_blocks
 
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Enter the request's full blocks among its first ``num_computed_tokens`` tokens in the prefix cache.
+
+        A scheduler calls this after a speculative step's output, when the
+        accepted draft tokens exist and are computed; blocks already cached
+        stay as they are.
+        """
+        if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
+            raise InvalidArgument("num_computed_tokens", num_computed_tokens, "must be an int >= 0")
+        if self.enable_caching and request.request_id in self.coordinator.managers[0].req_to_blocks:
+            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
     def free(self, request: Request | str) -> None:
         """Free every block of the request, group by group, each table tail first.
 

@@ -16,6 +16,7 @@ from kvcheck.ops import (
     Preempt,
     ResetPrefixCache,
     Schedule,
+    SpecDecode,
     StepResult,
     plan_schedule,
 )
@@ -100,6 +101,10 @@ class ManagerModel:
             assert None not in blocks
             found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
         return hit_blocks * self.block_size, tuple(found)
+
+    def decode_ready(self) -> list[str]:
+        """Running requests whose every token but the last is computed: a speculative step may run."""
+        return sorted(r for r, m in self.requests.items() if m.running and m.num_computed_tokens == len(m.tokens) - 1)
 
     def plain_hit_blocks(self, request_id: str) -> int:
         """The longest hit, in blocks, below the last token, that every group accepts (no drafter)."""
@@ -196,6 +201,8 @@ class ManagerModel:
         if isinstance(op, AddRequest):
             self.requests[op.request_id] = RequestModel(list(op.prompt))
             return StepResult()
+        if isinstance(op, SpecDecode):
+            return self._spec_decode(op)
         if isinstance(op, Schedule):
             return self._schedule(op)
         if isinstance(op, Finish):
@@ -282,6 +289,29 @@ class ManagerModel:
             new_block_ids=new_ids,
             num_external_tokens=external,
         )
+
+    def _spec_decode(self, op: SpecDecode) -> StepResult:
+        """The last token and the drafts get slots (plus lookahead); rejected drafts are rolled back
+        but keep their slots; accepted drafts and a bonus token are appended, then every full
+        computed block is cached."""
+        rid = op.request_id
+        request = self.requests[rid]
+        if not request.running or request.num_computed_tokens != len(request.tokens) - 1:
+            return StepResult()
+        num_drafts = op.num_draft_tokens
+        num_accepted = min(op.num_accepted_tokens, num_drafts)
+        slots = request.num_computed_tokens + 1 + num_drafts + self.config.num_lookahead_tokens
+        for group_id in range(len(self.groups)):
+            self._release_skipped(rid, group_id, request.num_computed_tokens)
+        taken = sum(max(0, ceil_div(slots, self.block_size) - len(self.table(rid, g))) for g in range(len(self.groups)))
+        if taken > len(self.pool.free_order):
+            return StepResult(admitted=False)
+        new_ids = tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(len(self.groups)))
+        request.num_computed_tokens += 1 + num_accepted
+        request.tokens.extend([op.sampled_token] * (num_accepted + 1))
+        if self.config.enable_caching:
+            self._cache_full_blocks(rid, request.num_computed_tokens)
+        return StepResult(admitted=True, new_block_ids=new_ids)
 
     def _grow(self, rid: str, group_id: int, num_tokens: int) -> list[int]:
         table = self.table(rid, group_id)

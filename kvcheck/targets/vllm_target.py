@@ -241,6 +241,9 @@ class VllmTarget(SchedulerDrivenTarget):
     def _free(self, request: Any) -> None:
         self.manager.free(request)
 
+    def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(request, num_computed_tokens)
+
     def _evict(self, block_ids: set[int]) -> None:
         self.manager.evict_blocks(block_ids)
 

@@ -16,6 +16,7 @@ from kvcheck.ops import (
     Preempt,
     ResetPrefixCache,
     Schedule,
+    SpecDecode,
 )
 from kvcheck.targets import load_target
 from models.invariants import InvariantViolation
@@ -125,6 +126,14 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         TargetConfig(3, 2, (FULL, FULL), True, num_lookahead_tokens=3),
         [AddRequest("r0", (0,)), Schedule("r0", 1)],
         "target_raised",
+    ),
+    # Blocks of 3 tokens: r0's 2-token prompt is computed, a token is sampled, then 3 drafts are all
+    # accepted: 6 tokens computed, two full blocks. The output's cache_blocks(6) caches the second;
+    # one token short, it does not.
+    "spec-output-caches-one-token-short": (
+        one_group(3, 3),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2), SpecDecode("r0", 3, 3)],
+        "cache_matches_model",
     ),
     "hit-taken-before-admission": (
         one_group(2, 1),
