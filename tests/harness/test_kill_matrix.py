@@ -11,7 +11,7 @@ from kvcheck.replay import replay, resolve_target
 BUDGET = KillBudget()
 SEED_FAULT_MAX_STEPS = {"fifo-reuse-when-caching-off": 4, "interleaved-external-alloc": 8}
 """The swarm driver has no warm start: its seed-003 repro builds the warm pool from two requests
-(7 steps from the fixed seeds); the manager machine's, from a warm start, is 4 steps."""
+(8 steps from the fixed seeds); the manager machine's, from a warm start, is 4 steps."""
 
 
 @pytest.fixture(scope="module")
