@@ -36,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=(
             "plant a catalogued fault (see `kvcheck faults`) into the target: any fault into kvcore, "
-            "the seed faults into vllm too; the suite should then fail"
+            "those expressed against vllm into vllm too; the suite should then fail"
         ),
     )
     group.addoption(

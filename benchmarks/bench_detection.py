@@ -9,7 +9,7 @@ can be repeated (``--seed-base``).
 
     python benchmarks/bench_detection.py                 # every fault, 20 seeds, 2 workers
     python benchmarks/bench_detection.py --faults interleaved-external-alloc --seeds 50
-    python benchmarks/bench_detection.py --target vllm   # the seed faults planted onto vLLM
+    python benchmarks/bench_detection.py --target vllm   # the faults expressed against vLLM
 
 Figures are wall-clock on whatever machine runs it; compare them within
 one run.  Run from the repository root.
@@ -54,7 +54,9 @@ def hunt(task: tuple[str, str, int, int]) -> Outcome:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="kvcore", help="kvcore (every fault) or vllm (the seed faults)")
+    parser.add_argument(
+        "--target", default="kvcore", help="kvcore (every fault) or vllm (the faults expressed against it)"
+    )
     parser.add_argument("--faults", default=None, help="comma-separated subset of faults")
     parser.add_argument("--seeds", type=int, default=20, help="random seeds per fault (default 20)")
     parser.add_argument("--seed-base", type=int, default=None, help="use seeds base..base+N-1 instead of random")

@@ -95,7 +95,7 @@ def kill_matrix(
     traces_dir: Path | None = None,
     target: str = "kvcore",
 ) -> list[KillResult]:
-    """Kill every named fault; ``target`` is 'kvcore' (every fault) or 'vllm' (the seed faults)."""
+    """Kill every named fault; ``target`` is 'kvcore' (every fault) or 'vllm' (the faults expressed against it)."""
     catalogue = FAULTS
     if target == "vllm":
         from kvcheck.vllm_faults import VLLM_FAULTS, vllm_target_with

@@ -11,7 +11,8 @@ from models.invariants import InvariantViolation, StepCheck
 
 
 def resolve_target(target: str = "kvcore", fault: str | None = None) -> TargetFactory:
-    """The target factory for ``target``, with ``fault`` planted (kvcore, or vllm for the seed faults)."""
+    """The target factory for ``target``, with ``fault`` planted (into kvcore, or into vllm for the
+    faults expressed against it)."""
     if fault is None:
         return load_target(target)
     if target == "vllm":

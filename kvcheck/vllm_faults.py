@@ -1,4 +1,4 @@
-"""The two seed faults expressed against vLLM 0.33.0, planted into one KVCacheManager instance.
+"""Catalogued faults expressed against vLLM 0.33.0, planted into one KVCacheManager instance.
 
 Like kvcheck.faults for kvcore: the installed package is never edited; the
 fault patches attributes of the manager object a target just built.
@@ -46,6 +46,28 @@ def _interleaved_external_alloc(manager: Any) -> None:
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks
 
 
+def _admission_ignores_lookahead(manager: Any) -> None:
+    coordinator = manager.coordinator
+    count_blocks = coordinator.get_num_blocks_to_allocate
+
+    def blocks_for_main_model_tokens(**kwargs: Any) -> int:
+        # The bug: admission is sized for the main model's tokens; the
+        # drafter's lookahead slots are left out, though they are allocated.
+        return count_blocks(**{**kwargs, "num_tokens": kwargs["num_tokens_main_model"]})
+
+    coordinator.get_num_blocks_to_allocate = blocks_for_main_model_tokens
+
+
+def _spec_output_caches_one_token_short(manager: Any) -> None:
+    cache_blocks = manager.cache_blocks
+
+    def cache_blocks_one_short(request: Any, num_computed_tokens: int) -> None:
+        # The bug: the last computed token is taken to be still in flight.
+        cache_blocks(request, max(0, num_computed_tokens - 1))
+
+    manager.cache_blocks = cache_blocks_one_short
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -59,6 +81,16 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM coordinator allocating external blocks group by group, before later groups touch their hits "
             "(seed 003)",
             _interleaved_external_alloc,
+        ),
+        Fault(
+            "admission-ignores-lookahead",
+            "vLLM allocate_slots sizing admission for the main model's tokens, without the lookahead slots",
+            _admission_ignores_lookahead,
+        ),
+        Fault(
+            "spec-output-caches-one-token-short",
+            "vLLM cache_blocks after a speculative step's output stopping one token short",
+            _spec_output_caches_one_token_short,
         ),
     )
 }

@@ -3,8 +3,8 @@
 Each trace must replay clean on the target under test; a trace tagged
 ``fails: INVARIANT`` under a fault must still fail that way when the fault
 is planted into kvcore, so the corpus keeps its teeth.  That check plants
-into kvcore whatever ``--target`` says; the seed faults, which are also
-expressed against vLLM, are checked on vLLM when ``--target`` names it.
+into kvcore whatever ``--target`` says; the faults also expressed against
+vLLM are checked on vLLM when ``--target`` names it.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ def test_tagged_trace_fails_as_tagged_with_its_fault_planted_in_kvcore(path: Pat
 
 
 @pytest.mark.parametrize("path", TAGGED_ON_VLLM, ids=[p.stem for p in TAGGED_ON_VLLM])
-def test_seed_trace_fails_as_tagged_with_its_fault_planted_in_vllm(path: Path, request: pytest.FixtureRequest) -> None:
-    """With its seed fault patched onto vLLM, the trace fails on vLLM with the invariant it is
-    tagged with (run when --target names vllm)."""
+def test_tagged_trace_fails_as_tagged_with_its_fault_planted_in_vllm(
+    path: Path, request: pytest.FixtureRequest
+) -> None:
+    """With its fault patched onto vLLM, the trace fails on vLLM with the invariant it is tagged
+    with (for the faults expressed against vLLM; run when --target names vllm)."""
     target = request.config.getoption("--target")
     if "vllm" not in component_allocators(target):
         pytest.skip(f"--target {target} does not name vllm")
