@@ -168,7 +168,9 @@ class StepResult:
     ``admitted`` is set for :class:`Schedule` (``False``: ``allocate_slots``
     returned ``None``); ``hit_length``/``hit_block_ids`` for the schedule of a
     waiting request; ``new_block_ids`` for an admitted schedule;
-    ``reset_done`` for :class:`ResetPrefixCache`.
+    ``reset_done`` for :class:`ResetPrefixCache`; ``num_slots`` for an
+    admitted step: the token positions it asked slots for (computed, new,
+    drafts and lookahead).
     """
 
     admitted: bool | None = None
@@ -177,6 +179,7 @@ class StepResult:
     new_block_ids: GroupIds | None = None
     num_external_tokens: int = 0
     reset_done: bool | None = None
+    num_slots: int | None = None
 
 
 def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:

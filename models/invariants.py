@@ -17,6 +17,7 @@ import attrs
 from kvcheck.config import TargetConfig
 from kvcheck.observation import Observation
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
+from models.manager_model import ceil_div
 
 
 @attrs.frozen
@@ -162,6 +163,31 @@ def cache_map_consistent(check: StepCheck) -> None:
             )
 
 
+def scheduled_slots_have_blocks(check: StepCheck) -> None:
+    """After an admitted step, the request's table in every group covers every token position the
+    step asked slots for: computed and new tokens, drafts and lookahead (skipped positions hold the
+    null block).
+
+    Guards: draft or lookahead positions left without a block (the target's
+    own request, checked without the model)."""
+    num_slots = check.sut_result.num_slots
+    if not check.sut_result.admitted or num_slots is None:
+        return
+    request_id = getattr(check.op, "request_id", None)
+    block_size = check.config.block_size
+    tables = check.sut.tables.get(request_id, tuple(() for _ in check.config.groups))
+    for group_id, table in enumerate(tables):
+        if len(table) * block_size < num_slots:
+            _fail(
+                check,
+                "scheduled_slots_have_blocks",
+                f"request {request_id} group {group_id} has {len(table)} blocks of {block_size} tokens "
+                f"for {num_slots} scheduled positions",
+                ceil_div(num_slots, block_size),
+                len(table),
+            )
+
+
 def admission_matches_model(check: StepCheck) -> None:
     """allocate_slots refuses (returns None) exactly when the model says the step does not fit.
 
@@ -299,6 +325,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     ref_cnt_matches_holders,
     free_queue_well_formed,
     cache_map_consistent,
+    scheduled_slots_have_blocks,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,

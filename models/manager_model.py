@@ -288,6 +288,7 @@ class ManagerModel:
             hit_block_ids=result_hit[1],
             new_block_ids=new_ids,
             num_external_tokens=external,
+            num_slots=slots,
         )
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
@@ -311,7 +312,7 @@ class ManagerModel:
         request.tokens.extend([op.sampled_token] * (num_accepted + 1))
         if self.config.enable_caching:
             self._cache_full_blocks(rid, request.num_computed_tokens)
-        return StepResult(admitted=True, new_block_ids=new_ids)
+        return StepResult(admitted=True, new_block_ids=new_ids, num_slots=slots)
 
     def _grow(self, rid: str, group_id: int, num_tokens: int) -> list[int]:
         table = self.table(rid, group_id)

@@ -141,6 +141,7 @@ class SchedulerDrivenTarget:
         self.running.add(op.request_id)
         self._on_admitted(request)
         request.num_computed_tokens += hit_length + amounts.num_external_tokens + amounts.num_new_tokens
+        num_slots = request.num_computed_tokens + self.config.num_lookahead_tokens
         if request.num_computed_tokens == request.num_tokens:
             request.append_output_token_ids(op.sampled_token)
             self._learn_hashes(op.request_id)
@@ -150,6 +151,7 @@ class SchedulerDrivenTarget:
             hit_block_ids=hit_ids,
             new_block_ids=self._block_ids(new_blocks),
             num_external_tokens=amounts.num_external_tokens,
+            num_slots=num_slots,
         )
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
@@ -164,11 +166,12 @@ class SchedulerDrivenTarget:
         if new_blocks is None:
             return StepResult(admitted=False)
         request.num_computed_tokens += 1 + num_drafts
+        num_slots = request.num_computed_tokens + self.config.num_lookahead_tokens
         request.num_computed_tokens -= num_drafts - num_accepted
         request.append_output_token_ids([op.sampled_token] * (num_accepted + 1))
         self._learn_hashes(op.request_id)
         self._cache_blocks(request, request.num_computed_tokens)
-        return StepResult(admitted=True, new_block_ids=self._block_ids(new_blocks))
+        return StepResult(admitted=True, new_block_ids=self._block_ids(new_blocks), num_slots=num_slots)
 
     def _preempt(self, request_id: str) -> None:
         request = self.requests[request_id]

@@ -122,6 +122,12 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
             block_cache_keys={**check.sut.block_cache_keys, free_block: (0, (2, 2, 2))},
         )
 
+    def slots_without_blocks() -> StepCheck:
+        check = base()
+        return attrs.evolve(
+            check, sut_result=attrs.evolve(check.sut_result, num_slots=(check.sut_result.num_slots or 0) + 1)
+        )
+
     def reset_done_while_held() -> StepCheck:
         check = base()
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, reset_done=True))
@@ -131,6 +137,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "ref_cnt_matches_holders": wrong_ref_cnt,
         "free_queue_well_formed": torn_queue,
         "cache_map_consistent": stale_map_entry,
+        "scheduled_slots_have_blocks": slots_without_blocks,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
         "failed_allocation_changes_nothing": leaky_refusal,
