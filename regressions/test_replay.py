@@ -3,8 +3,8 @@
 Each trace must replay clean on the target under test; a trace tagged
 ``fails: INVARIANT`` under a fault must still fail that way when the fault
 is planted into kvcore, so the corpus keeps its teeth.  That check plants
-into kvcore whatever ``--target`` says; the faults also expressed against
-vLLM are checked on vLLM when ``--target`` names it.
+into kvcore whatever ``--target`` says, and the faults also expressed
+against vLLM into vLLM as well when ``--target`` names it.
 """
 
 from __future__ import annotations
@@ -41,33 +41,28 @@ def test_trace_replays_clean(path: Path, make_target: TargetFactory) -> None:
     assert outcome.violation is None, f"{path.name}: {outcome.violation}"
 
 
-def _fails_as_tagged(path: Path, allocator: str) -> None:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tagged traces are planted into kvcore always, and into vLLM too when --target names it."""
+    if "planted_into" not in metafunc.fixturenames:
+        return
+    pairs = [("kvcore", path) for path in TAGGED]
+    if "vllm" in component_allocators(metafunc.config.getoption("--target")):
+        pairs += [("vllm", path) for path in TAGGED_ON_VLLM]
+    metafunc.parametrize(("planted_into", "path"), pairs, ids=[f"{a}-{p.stem}" for a, p in pairs])
+
+
+def test_tagged_trace_fails_as_tagged_with_its_fault_planted(planted_into: str, path: Path) -> None:
+    """With its fault planted into kvcore, or patched onto vLLM for the faults expressed against it
+    (when --target names vllm), the trace fails with the invariant it is tagged with."""
     trace = _load(path)
     assert trace.expect is not None and trace.expect.fault is not None
-    outcome = replay(trace, resolve_target(allocator, trace.expect.fault))
-    assert outcome.violation is not None, f"{path.name}: no invariant failed under {trace.expect.fault} on {allocator}"
-    assert outcome.violation.invariant == trace.expect.invariant, (
-        f"{path.name} on {allocator}: expected {trace.expect.invariant}, got {outcome.violation}"
+    outcome = replay(trace, resolve_target(planted_into, trace.expect.fault))
+    assert outcome.violation is not None, (
+        f"{path.name}: no invariant failed under {trace.expect.fault} on {planted_into}"
     )
-
-
-@pytest.mark.parametrize("path", TAGGED, ids=[p.stem for p in TAGGED])
-def test_tagged_trace_fails_as_tagged_with_its_fault_planted_in_kvcore(path: Path) -> None:
-    """With its fault planted into kvcore (whatever --target names), the trace fails with the
-    invariant it is tagged with."""
-    _fails_as_tagged(path, "kvcore")
-
-
-@pytest.mark.parametrize("path", TAGGED_ON_VLLM, ids=[p.stem for p in TAGGED_ON_VLLM])
-def test_tagged_trace_fails_as_tagged_with_its_fault_planted_in_vllm(
-    path: Path, request: pytest.FixtureRequest
-) -> None:
-    """With its fault patched onto vLLM, the trace fails on vLLM with the invariant it is tagged
-    with (for the faults expressed against vLLM; run when --target names vllm)."""
-    target = request.config.getoption("--target")
-    if "vllm" not in component_allocators(target):
-        pytest.skip(f"--target {target} does not name vllm")
-    _fails_as_tagged(path, "vllm")
+    assert outcome.violation.invariant == trace.expect.invariant, (
+        f"{path.name} on {planted_into}: expected {trace.expect.invariant}, got {outcome.violation}"
+    )
 
 
 def test_each_fault_and_invariant_pair_is_kept_once() -> None:

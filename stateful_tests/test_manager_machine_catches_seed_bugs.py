@@ -1,9 +1,10 @@
 """The Hypothesis manager machine itself reaches the two seed bugs and shrinks them to short repros.
 
-Each seed fault is planted into the allocator that ``--target`` names
-(kvcore, or vLLM with ``--target vllm``; any other target is skipped, since
-a planted bug in one side of a differential target fails ``targets_agree``
-rather than the seed's invariant).  The machine runs with fixed settings,
+Each seed fault is planted into each built-in allocator that ``--target``
+names, one at a time (kvcore, vLLM, or both for ``kvcore+vllm``: a bug planted
+into one side of a differential target would fail ``targets_agree`` rather
+than the seed's invariant).  A ``package.module:factory`` allocator cannot
+carry kvcheck's plants, so for it the machine's reach is checked on kvcore.  The machine runs with fixed settings,
 whatever profile is loaded: seeded from several fixed seeds, the ``dev``
 budget each (1,000 examples; a planted seed bug is found in a second or two,
 so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
@@ -21,6 +22,7 @@ from hypothesis import settings
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.replay import resolve_target
+from kvcheck.targets import component_allocators
 from stateful_tests.profiles import PROFILES
 from stateful_tests.run import ShrunkViolation, run_manager_machine
 
@@ -29,7 +31,11 @@ SEEDS = (0, 1, 2)
 SEARCH = settings(PROFILES["ci"], max_examples=PROFILES["dev"].max_examples)
 """The dev budget: over 60 seeds, every search caught the cross-group double allocation."""
 
-PLANTABLE_TARGETS = ("kvcore", "vllm")
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "planted_into" in metafunc.fixturenames:
+        allocators = component_allocators(metafunc.config.getoption("--target")) or ["kvcore"]
+        metafunc.parametrize("planted_into", allocators)
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed-{s}" for s in SEEDS])
@@ -41,14 +47,11 @@ PLANTABLE_TARGETS = ("kvcore", "vllm")
     ],
 )
 def test_manager_machine_catches_seed_bug(
-    request: pytest.FixtureRequest, fault: str, invariants: tuple[str, ...], max_steps: int, seed: int
+    planted_into: str, fault: str, invariants: tuple[str, ...], max_steps: int, seed: int
 ) -> None:
     """With the seed bug planted, the two-group manager machine fails by the named invariant,
     and the shrunk failing run is at most ``max_steps`` operations long."""
-    target = request.config.getoption("--target")
-    if target not in PLANTABLE_TARGETS:
-        pytest.skip(f"plants the seed bug into kvcore or vllm alone; --target {target} names neither")
-    make_target = resolve_target(target, fault)
+    make_target = resolve_target(planted_into, fault)
     with pytest.raises(ShrunkViolation) as caught:
         run_manager_machine(make_target, num_groups=2, base=SEARCH, seed=seed)
     violation = caught.value
