@@ -23,7 +23,7 @@ from kvcore.blocks_math import ceil_div
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
 from kvcore.hashing import BlockHash
 from kvcore.managers import ChunkedLocalAttentionManager, FullAttentionManager, SlidingWindowManager
-from kvcore.managers.base import HitBlocks
+from kvcore.managers.base import HitBlocks, drop_last_block
 
 # -- seed faults -------------------------------------------------------------
 
@@ -209,9 +209,8 @@ class _CeilBoundFullManager(FullAttentionManager):
                 break
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
-        if drop_last and hit[0]:
-            for group_blocks in hit:
-                group_blocks.pop()
+        if drop_last:
+            drop_last_block(hit)
         return hit, len(hit[0]) * spec.block_size
 
 
@@ -250,9 +249,8 @@ class _EagleDropWithoutExtraBlockWindow(SlidingWindowManager):
         # block a drop needs, then its last block dropped: the hit's window now
         # starts one block early, at a block nobody found cached.
         hit, _ = super().find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec)
-        if drop_last and hit[0]:
-            for group_blocks in hit:
-                group_blocks.pop()
+        if drop_last:
+            drop_last_block(hit)
         return hit, len(hit[0]) * spec.block_size
 
 

@@ -16,6 +16,13 @@ HitBlocks = tuple[list[KVBlock], ...]
 """Blocks of a prefix hit, one list per KV-cache group."""
 
 
+def drop_last_block(hit: HitBlocks) -> None:
+    """Drop a non-empty hit's last block in every group: an EAGLE drafter recomputes that position."""
+    if hit[0]:
+        for group_blocks in hit:
+            group_blocks.pop()
+
+
 class SingleTypeManager:
     """The block tables of one KV-cache group (layers of one attention type).
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from kvcore.block_pool import BlockPool
 from kvcore.config import AttentionSpec
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager
+from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
 
 
 class FullAttentionManager(SingleTypeManager):
@@ -34,7 +34,6 @@ class FullAttentionManager(SingleTypeManager):
                 break
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
-        if drop_last and hit[0]:
-            for group_blocks in hit:
-                group_blocks.pop()
+        if drop_last:
+            drop_last_block(hit)
         return hit, len(hit[0]) * spec.block_size

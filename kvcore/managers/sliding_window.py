@@ -8,7 +8,7 @@ from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec, SlidingWindowSpec
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager
+from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
 
 
 def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
@@ -73,6 +73,6 @@ class SlidingWindowManager(SingleTypeManager):
             end = run
         for group_blocks in hit:
             del group_blocks[end:]
-            if drop_last and group_blocks:
-                group_blocks.pop()
+        if drop_last:
+            drop_last_block(hit)
         return hit, len(hit[0]) * block_size
