@@ -54,8 +54,6 @@ class BeforeStep:
     held_by_request: set[int]
     plain_hit_tokens: int | None
     """For a waiting request's schedule with an EAGLE drafter: the hit without the drop."""
-    fits_without_lookahead: bool | None
-    """For a schedule while steps reserve lookahead slots: whether it is admitted without them."""
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -66,14 +64,16 @@ class BeforeStep:
             request = model.requests.get(op.request_id)
             if request is not None and not request.running:
                 plain = model.plain_hit_blocks(op.request_id) * model.block_size
-        fits = None
-        if isinstance(op, Schedule | SpecDecode) and model.config.num_lookahead_tokens:
-            without = copy.deepcopy(model)
-            without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
-            fits = bool(without.apply(op).admitted)
-        return cls(
-            set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain, fits
-        )
+        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain)
+
+
+def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
+    """Whether a refused step is admitted without lookahead slots.  A refusal changed nothing but
+    releasing blocks that left the window, which the step repeats as a no-op, so it is re-run on a
+    copy of the model after it (only refusals pay for the copy)."""
+    without = copy.deepcopy(model)
+    without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
+    return bool(without.apply(refused).admitted)
 
 
 def _sliding_nulls(model: ManagerModel, op: Operation) -> int:
@@ -115,7 +115,7 @@ def step_labels(
             labels.append(REHIT_AFTER_PREEMPTION)
     if before.plain_hit_tokens is not None and (result.hit_length or 0) < before.plain_hit_tokens:
         labels.append(EAGLE_DROP_SHORTENED_HIT)
-    if result.admitted is False and before.fits_without_lookahead:
+    if result.admitted is False and model.config.num_lookahead_tokens and _fits_without_lookahead(model, op):
         labels.append(LOOKAHEAD_REFUSED)
     if isinstance(op, SpecDecode) and result.admitted and op.num_accepted_tokens < op.num_draft_tokens:
         labels.append(ROLLBACK_AFTER_REJECTION)
