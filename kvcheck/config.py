@@ -75,7 +75,15 @@ class TargetConfig:
     ``use_eagle`` serves an EAGLE/MTP drafter (a prefix hit drops its last
     matched block); every step reserves ``num_lookahead_tokens`` slots past
     the tokens it computes, for a drafter's tokens (vLLM's scheduler passes
-    its speculative token count to every ``allocate_slots``)."""
+    its speculative token count to every ``allocate_slots``).
+
+    ``async_scheduling`` schedules a step before the previous one's output
+    is processed (vLLM's async scheduler): a step's tokens stay in flight
+    until a ``process_output`` operation, outputs are processed in the
+    order the steps were scheduled, and a step's sampled token exists only
+    then.  ``defer_block_free`` (async only; vLLM sets it for a KV-consumer
+    connector) holds the blocks of a request freed while one of its steps is
+    in flight until that step is processed."""
 
     num_blocks: int
     block_size: int
@@ -83,6 +91,8 @@ class TargetConfig:
     enable_caching: bool
     use_eagle: bool = False
     num_lookahead_tokens: int = 0
+    async_scheduling: bool = False
+    defer_block_free: bool = False
 
     def validate(self) -> TargetConfig:
         """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
@@ -109,6 +119,11 @@ class TargetConfig:
             raise ConfigError("num_lookahead_tokens", above(lookahead, MAX_LOOKAHEAD_TOKENS, "tokens"))
         if not isinstance(self.use_eagle, bool):
             raise ConfigError("use_eagle", f"must be true or false, got {shown(self.use_eagle)}")
+        for name in ("async_scheduling", "defer_block_free"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false, got {shown(getattr(self, name))}")
+        if self.defer_block_free and not self.async_scheduling:
+            raise ConfigError("defer_block_free", "true needs async_scheduling true: only steps in flight defer a free")
         if self.use_eagle and self.enable_caching:
             for index, group in enumerate(self.groups):
                 if group.kind == "chunked_local":
@@ -124,8 +139,11 @@ class TargetConfig:
         caching = "on" if self.enable_caching else "off"
         eagle = ", EAGLE drafter" if self.use_eagle else ""
         lookahead = f", lookahead {self.num_lookahead_tokens}" if self.num_lookahead_tokens else ""
+        steps = ""
+        if self.async_scheduling:
+            steps = ", async steps with deferred frees" if self.defer_block_free else ", async steps"
         return (
-            f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}, "
+            f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
         )
 
@@ -140,4 +158,8 @@ class TargetConfig:
             document["use_eagle"] = True
         if self.num_lookahead_tokens:
             document["num_lookahead_tokens"] = self.num_lookahead_tokens
+        if self.async_scheduling:
+            document["async_scheduling"] = True
+        if self.defer_block_free:
+            document["defer_block_free"] = True
         return document

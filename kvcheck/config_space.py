@@ -11,7 +11,8 @@ groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
 allocate from.  Half the configurations with caching on serve an EAGLE
 drafter, and a third reserve lookahead slots for a drafter's tokens in every
-step.
+step.  A third schedule asynchronously (steps in flight), half of those
+with deferred frees.
 """
 
 from __future__ import annotations
@@ -61,4 +62,16 @@ def random_config(
     use_eagle = eagle_drawn and enable_caching and not any(g.kind == "chunked_local" for g in groups)
     # A drafter proposes a few tokens per step, and every step reserves slots for them.
     num_lookahead_tokens = rng.choice([1, 2, 3, 4]) if rng.random() < 1 / 3 else 0
-    return TargetConfig(num_blocks, block_size, groups, enable_caching, use_eagle, num_lookahead_tokens)
+    # Async scheduling in a third of the runs, with deferred frees (a KV-consumer connector) in half of those.
+    async_scheduling = rng.random() < 1 / 3
+    defer_block_free = async_scheduling and rng.random() < 1 / 2
+    return TargetConfig(
+        num_blocks,
+        block_size,
+        groups,
+        enable_caching,
+        use_eagle,
+        num_lookahead_tokens,
+        async_scheduling,
+        defer_block_free,
+    )

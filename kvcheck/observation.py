@@ -19,7 +19,11 @@ class Observation:
     ``cache_entries`` lists the prefix-cache map's entries as
     (group, prefix, block id); ``block_cache_keys`` the key each block itself
     records.  ``tables`` maps each request holding blocks to its table per
-    group (0 is the null block).
+    group (0 is the null block).  ``deferred_frees`` lists the blocks each
+    pending deferred free holds (async scheduling with deferred frees), in
+    the order the allocator popped them; ``in_flight_reads`` the block ids
+    each step in flight reads and writes, per group, for the steps whose
+    blocks must still be held.
     """
 
     free_order: tuple[int, ...]
@@ -29,3 +33,5 @@ class Observation:
     tables: Mapping[str, tuple[tuple[int, ...], ...]]
     cache_entries: frozenset[tuple[int, tuple[int, ...], int]]
     block_cache_keys: Mapping[int, CacheKey]
+    deferred_frees: tuple[tuple[int, ...], ...] = ()
+    in_flight_reads: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()

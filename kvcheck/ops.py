@@ -35,7 +35,11 @@ class Schedule:
     ``num_external_tokens`` tokens loaded by an external connector, then up to
     ``num_new_tokens`` tokens to compute.  A running request computes up to
     ``num_new_tokens`` more.  When the step computes the request's last token,
-    ``sampled_token`` is appended as its output.
+    ``sampled_token`` is appended as its output.  Under async scheduling the
+    step goes in flight and its output waits for :class:`ProcessOutput`
+    (with two steps in flight already, the oldest output is processed
+    first, as the engine waits for it); a running request may then compute
+    the tokens its steps in flight will sample.
     """
 
     name: ClassVar[str] = "schedule"
@@ -63,6 +67,47 @@ class SpecDecode:
     num_draft_tokens: int
     num_accepted_tokens: int
     sampled_token: int = 0
+
+
+@attrs.frozen
+class ProcessOutput:
+    """The output of the oldest step still in flight is processed (async scheduling only).
+
+    Its tokens leave the request's in-flight count; a step that computed the
+    request's last known token appends its sampled token; a request that
+    was preempted or finished meanwhile gets no counter update (its output
+    is stale) and a finished one nothing at all.  Then blocks whose deferred
+    free waited for this step return to the pool.  A no-op when no step is
+    in flight.
+    """
+
+    name: ClassVar[str] = "process_output"
+
+
+@attrs.frozen
+class StartAsyncLoad:
+    """A waiting request takes its local hit and an external connector starts loading up to
+    ``num_external_tokens`` more tokens asynchronously.
+
+    The slots are allocated now with ``delay_cache_blocks``: the loaded
+    blocks enter the prefix cache only at :class:`FinishAsyncLoad`.  Nothing
+    is computed, and the request cannot be scheduled until the load
+    finishes.  A no-op for a request that is running or loading, or when no
+    token is left to load below the last one.
+    """
+
+    name: ClassVar[str] = "start_async_load"
+    request_id: str
+    num_external_tokens: int
+
+
+@attrs.frozen
+class FinishAsyncLoad:
+    """The request's asynchronous load landed: its computed blocks are cached, and it is scheduled
+    like a running request from then on.  A no-op for a request that is not loading."""
+
+    name: ClassVar[str] = "finish_async_load"
+    request_id: str
 
 
 @attrs.frozen
@@ -105,11 +150,38 @@ class ResetPrefixCache:
     name: ClassVar[str] = "reset_prefix_cache"
 
 
-Operation = AddRequest | Schedule | SpecDecode | Finish | Preempt | FailedLoad | EvictBlocks | ResetPrefixCache
+Operation = (
+    AddRequest
+    | Schedule
+    | SpecDecode
+    | ProcessOutput
+    | StartAsyncLoad
+    | FinishAsyncLoad
+    | Finish
+    | Preempt
+    | FailedLoad
+    | EvictBlocks
+    | ResetPrefixCache
+)
+
+REQUEST_OPERATIONS = (Schedule, SpecDecode, StartAsyncLoad, FinishAsyncLoad, Finish, Preempt, FailedLoad)
+"""Operations on one request, named by ``request_id``."""
 
 OPERATION_TYPES: dict[str, type[Operation]] = {
     cls.name: cls
-    for cls in (AddRequest, Schedule, SpecDecode, Finish, Preempt, FailedLoad, EvictBlocks, ResetPrefixCache)
+    for cls in (
+        AddRequest,
+        Schedule,
+        SpecDecode,
+        ProcessOutput,
+        StartAsyncLoad,
+        FinishAsyncLoad,
+        Finish,
+        Preempt,
+        FailedLoad,
+        EvictBlocks,
+        ResetPrefixCache,
+    )
 }
 
 
@@ -133,8 +205,10 @@ def describe_op(op: Operation) -> str:
         return f"add_request({op.request_id}, prompt={list(op.prompt)})"
     if isinstance(op, EvictBlocks):
         return f"evict_blocks({list(op.block_ids)})"
-    if isinstance(op, ResetPrefixCache):
-        return "reset_prefix_cache()"
+    if isinstance(op, StartAsyncLoad):
+        return f"start_async_load({op.request_id}, ext={op.num_external_tokens})"
+    if isinstance(op, ResetPrefixCache | ProcessOutput):
+        return f"{op.name}()"
     return f"{op.name}({op.request_id})"
 
 
@@ -146,16 +220,20 @@ class ScheduleAmounts:
     num_external_tokens: int
 
 
-def plan_schedule(op: Schedule, num_tokens: int, num_computed_tokens: int, hit_length: int | None) -> ScheduleAmounts:
+def plan_schedule(
+    op: Schedule, num_tokens: int, num_computed_tokens: int, hit_length: int | None, num_output_placeholders: int = 0
+) -> ScheduleAmounts:
     """How many tokens the step loads externally and computes.
 
     ``hit_length`` is the local prefix hit of a waiting request and ``None``
-    for a running one.  At least one token is always computed; external
-    tokens only come after a waiting request's hit and never cover its last
-    token.
+    for a running one.  A waiting request always computes at least one
+    token; external tokens only come after its hit and never cover its last
+    token.  A running request computes up to its known tokens plus
+    ``num_output_placeholders`` (tokens that steps in flight will sample):
+    none when every one of them is computed already.
     """
     if hit_length is None:
-        return ScheduleAmounts(min(op.num_new_tokens, num_tokens - num_computed_tokens), 0)
+        return ScheduleAmounts(min(op.num_new_tokens, num_tokens + num_output_placeholders - num_computed_tokens), 0)
     external = max(0, min(op.num_external_tokens, num_tokens - 1 - hit_length))
     new = min(op.num_new_tokens, num_tokens - hit_length - external)
     return ScheduleAmounts(new, external)
@@ -194,7 +272,7 @@ def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[in
             if op.request_id in live:
                 return step, "request_id", f"request {op.request_id!r} is added twice"
             live.add(op.request_id)
-        elif isinstance(op, Schedule | SpecDecode | Finish | Preempt | FailedLoad):
+        elif isinstance(op, REQUEST_OPERATIONS):
             if op.request_id not in live:
                 return step, "request_id", f"unknown request {op.request_id!r} (not added, or already finished)"
             if isinstance(op, Finish):

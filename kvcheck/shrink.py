@@ -15,7 +15,15 @@ import attrs
 
 from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import AddRequest, EvictBlocks, Operation, Schedule, SpecDecode, first_reference_error
+from kvcheck.ops import (
+    AddRequest,
+    EvictBlocks,
+    Operation,
+    Schedule,
+    SpecDecode,
+    StartAsyncLoad,
+    first_reference_error,
+)
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
 from models.invariants import InvariantViolation
@@ -59,6 +67,9 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
             yield attrs.evolve(op, num_accepted_tokens=op.num_accepted_tokens - 1)
         if op.sampled_token:
             yield attrs.evolve(op, sampled_token=0)
+    elif isinstance(op, StartAsyncLoad) and op.num_external_tokens > 1:
+        yield attrs.evolve(op, num_external_tokens=1)
+        yield attrs.evolve(op, num_external_tokens=op.num_external_tokens - 1)
     elif isinstance(op, AddRequest):
         for index in range(len(op.prompt) - 1, -1, -1):
             if len(op.prompt) > 1:
@@ -72,6 +83,10 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
 
 
 def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
+    if config.async_scheduling:
+        yield attrs.evolve(config, async_scheduling=False, defer_block_free=False)
+    if config.defer_block_free:
+        yield attrs.evolve(config, defer_block_free=False)
     if config.use_eagle:
         yield attrs.evolve(config, use_eagle=False)
     if config.num_lookahead_tokens:

@@ -23,11 +23,14 @@ from kvcheck.ops import (
     EvictBlocks,
     FailedLoad,
     Finish,
+    FinishAsyncLoad,
     Operation,
     Preempt,
+    ProcessOutput,
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
 )
 from kvcheck.targets import TargetFactory
 from models.invariants import InvariantViolation
@@ -38,6 +41,8 @@ OP_KINDS = (
     "fill_pool",
     "schedule",
     "spec_decode",
+    "process_output",
+    "async_load",
     "finish",
     "preempt",
     "failed_load",
@@ -110,7 +115,14 @@ class _Run:
                 drafts = rng.randint(1, 4)
                 return [SpecDecode(rng.choice(ready), drafts, rng.randint(0, drafts), rng.randrange(TOKEN_ALPHABET))]
             kind = "schedule"
-        if kind == "schedule":
+        if kind == "process_output" and model.pipeline.steps:
+            return [ProcessOutput()]
+        if kind == "async_load":
+            loading = sorted(r for r, m in model.requests.items() if m.loading)
+            if loading and rng.random() < 0.5:
+                return [FinishAsyncLoad(rng.choice(loading))]
+            return [StartAsyncLoad(rng.choice(live), rng.randint(1, 8))]
+        if kind in ("schedule", "process_output"):
             new_tokens = rng.randint(1, rng.choice([4, 32]))
             external = rng.choice([0, rng.randint(1, 8)])
             return [Schedule(rng.choice(live), new_tokens, external, rng.randrange(TOKEN_ALPHABET))]

@@ -176,7 +176,9 @@ class _Reader:
     def config(self, value: object) -> TargetConfig:
         raw = self.object(value, "config")
         required = {"num_blocks", "block_size", "enable_caching", "groups"}
-        self.keys(raw, required, {"use_eagle", "num_lookahead_tokens"}, "config")
+        self.keys(
+            raw, required, {"use_eagle", "num_lookahead_tokens", "async_scheduling", "defer_block_free"}, "config"
+        )
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
             raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
@@ -195,6 +197,8 @@ class _Reader:
             raw["enable_caching"],
             raw.get("use_eagle", False),
             raw.get("num_lookahead_tokens", 0),
+            raw.get("async_scheduling", False),
+            raw.get("defer_block_free", False),
         )
         try:
             return config.validate()

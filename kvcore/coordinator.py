@@ -89,6 +89,10 @@ class KVCacheCoordinator:
         for manager in self.managers:
             manager.free(request_id)
 
+    def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
+        """Forget the request in every group and return its blocks, group 0's first, still referenced."""
+        return [block for manager in self.managers for block in manager.pop_blocks_for_free(request_id)]
+
     def get_blocks(self, request_id: str) -> tuple[list[KVBlock], ...]:
         return tuple(list(manager.req_to_blocks.get(request_id, ())) for manager in self.managers)
 

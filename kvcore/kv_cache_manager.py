@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from kvcore.block import KVBlock
@@ -32,6 +33,8 @@ class KVCacheManager:
         self.block_pool: BlockPool = self.coordinator.pool
         self.num_groups = len(config.groups)
         self.enable_caching = config.enable_caching
+        # Blocks popped for a deferred free and not yet freed: id -> references held that way.
+        self._popped: dict[int, int] = {}
 
     @property
     def usage(self) -> float:
@@ -58,23 +61,29 @@ class KVCacheManager:
         new_computed_blocks: GroupBlocks | None = None,
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> GroupBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead).
 
         ``num_new_computed_tokens``/``new_computed_blocks`` are the local hit
         from :meth:`get_computed_blocks`; ``num_external_computed_tokens`` are
-        tokens an external connector loads after the hit.  Order of work:
+        tokens an external connector loads after the hit;
+        ``delay_cache_blocks`` (for a load that lands asynchronously) leaves
+        the new blocks out of the prefix cache until the caller's
+        :meth:`cache_blocks`.  Order of work:
 
-        1. Free the blocks that left the attention window of this request.
-           This is done even if the allocation is refused: they are not
-           needed either way.
+        1. Free the blocks that left the attention window of this request,
+           counting only processed tokens (``num_computed_tokens`` minus the
+           request's ``num_in_flight_tokens``): a step still in flight reads
+           its window.  This is done even if the allocation is refused: they
+           are not needed either way.
         2. Admission: if the pool cannot supply every block this needs
            (counting hit blocks that sit free in the queue as consumed),
            return ``None``; nothing else has changed.
         3. Take the local hit in every group, then allocate for external
            tokens in every group (never interleaved per group).
-        4. Allocate the new blocks and enter the now-full computed blocks in
-           the prefix cache.
+        4. Allocate the new blocks and, unless ``delay_cache_blocks``, enter
+           the now-full computed blocks in the prefix cache.
 
         Returns the newly allocated blocks per group.
         """
@@ -110,7 +119,7 @@ class KVCacheManager:
             num_tokens_need_slot = min(num_tokens_need_slot, max_model_len)
 
         coordinator = self.coordinator
-        coordinator.remove_skipped_blocks(rid, total_computed_tokens)
+        coordinator.remove_skipped_blocks(rid, max(0, total_computed_tokens - request.num_in_flight_tokens))
         num_blocks_needed = coordinator.num_blocks_to_allocate(
             rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens
         )
@@ -121,7 +130,7 @@ class KVCacheManager:
                 rid, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
             )
         new_blocks = coordinator.allocate_new_blocks(rid, num_tokens_need_slot)
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             # Only tokens that exist are cached: lookahead slots are not yet final.
             coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
         return new_blocks
@@ -129,9 +138,10 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Enter the request's full blocks among its first ``num_computed_tokens`` tokens in the prefix cache.
 
-        A scheduler calls this after a speculative step's output, when the
-        accepted draft tokens exist and are computed; blocks already cached
-        stay as they are.
+        A scheduler calls this after a step's output, when the accepted draft
+        tokens (or, under async scheduling, the sampled token) exist and are
+        computed, and once an asynchronous external load has landed; blocks
+        already cached stay as they are.
         """
         if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
             raise InvalidArgument("num_computed_tokens", num_computed_tokens, "must be an int >= 0")
@@ -145,6 +155,34 @@ class KVCacheManager:
         already freed) is a no-op.
         """
         self.coordinator.free(request if isinstance(request, str) else request.request_id)
+
+    def pop_blocks_for_free(self, request: Request | str) -> list[KVBlock]:
+        """Forget the request and return its blocks (table order, group 0's first), still referenced.
+
+        For a scheduler that must not return blocks to the pool while a step
+        in flight may still write them: it later passes the list to
+        :meth:`free_popped_blocks`.
+        """
+        blocks = self.coordinator.pop_blocks_for_free(request if isinstance(request, str) else request.request_id)
+        for block in blocks:
+            if not block.is_null:
+                self._popped[block.block_id] = self._popped.get(block.block_id, 0) + 1
+        return blocks
+
+    def free_popped_blocks(self, blocks: Sequence[KVBlock]) -> None:
+        """Free blocks from :meth:`pop_blocks_for_free`, last block first (the tail is evicted first)."""
+        returned = Counter(block.block_id for block in blocks if not block.is_null)
+        for block_id, count in returned.items():
+            if count > self._popped.get(block_id, 0):
+                raise InvalidArgument("blocks", block_id, "was not popped by pop_blocks_for_free (or is freed twice)")
+        self.block_pool.free_blocks(reversed(blocks))
+        for block_id, count in returned.items():
+            self._popped[block_id] -= count
+            if not self._popped[block_id]:
+                del self._popped[block_id]
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins.  No group kind kvcore has keeps per-step state, so nothing changes."""
 
     def reset_prefix_cache(self) -> bool:
         """Empty the prefix cache; refused (``False``) while any block is held."""
@@ -188,6 +226,8 @@ class KVCacheManager:
         """Assert every structural invariant of the pool, the tables and their agreement."""
         self.block_pool.check_invariants()
         holders = dict.fromkeys(range(1, self.block_pool.num_blocks), 0)
+        for block_id, count in self._popped.items():
+            holders[block_id] += count
         for manager in self.coordinator.managers:
             manager.check_invariants()
             for table in manager.req_to_blocks.values():
@@ -196,7 +236,9 @@ class KVCacheManager:
                         holders[block.block_id] += 1
         for block_id, count in holders.items():
             ref_cnt = self.block_pool.blocks[block_id].ref_cnt
-            assert ref_cnt == count, f"block {block_id}: ref_cnt={ref_cnt} but {count} table slots hold it"
+            assert ref_cnt == count, (
+                f"block {block_id}: ref_cnt={ref_cnt} but {count} table slots and deferred frees hold it"
+            )
 
 
 def hit_block_ids(blocks: Sequence[Sequence[KVBlock]]) -> tuple[list[int], ...]:

@@ -16,7 +16,11 @@ class Request:
     (at ``block_size`` granularity) and is kept up to date as tokens are
     appended.  ``num_computed_tokens`` is advanced by the caller (the
     scheduler) once a step has computed its tokens, and reset to 0 on
-    preemption.
+    preemption.  Under async scheduling the scheduler advances it when a
+    step is *scheduled*, and ``num_in_flight_tokens`` counts the tokens of
+    steps scheduled but not yet processed: the manager only treats
+    ``num_computed_tokens - num_in_flight_tokens`` tokens as done when it
+    frees blocks that left the attention window.
     """
 
     __slots__ = (
@@ -27,6 +31,7 @@ class Request:
         "all_token_ids",
         "block_hashes",
         "num_computed_tokens",
+        "num_in_flight_tokens",
     )
 
     def __init__(
@@ -47,6 +52,7 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.block_hashes: list[BlockHash] = hash_request_blocks(self.all_token_ids, block_size, extra_keys)
         self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
 
     @property
     def num_tokens(self) -> int:

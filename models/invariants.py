@@ -96,11 +96,13 @@ def no_duplicate_block_ids(check: StepCheck) -> None:
 
 
 def ref_cnt_matches_holders(check: StepCheck) -> None:
-    """Every block's ref_cnt equals the number of table slots, over all requests and groups, that hold it.
+    """Every block's ref_cnt equals the number of table slots, over all requests and groups, that hold it
+    (plus the deferred frees that still hold it).
 
     Guards: double touch or missed touch of a hit block; a free that drops
     the wrong count (seed 003's ref-count corruption)."""
     holders = Counter(b for groups in check.sut.tables.values() for table in groups for b in table if b != 0)
+    holders.update(b for popped in check.sut.deferred_frees for b in popped if b != 0)
     for block_id, ref_cnt in sorted(check.sut.ref_counts.items()):
         if ref_cnt != holders.get(block_id, 0):
             _fail(
@@ -186,6 +188,40 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
                 ceil_div(num_slots, block_size),
                 len(table),
             )
+
+
+def in_flight_blocks_held(check: StepCheck) -> None:
+    """Every block position a step still in flight reads or writes holds a block, and that block is
+    still held: by the request's table at the same position, or by a deferred free.
+
+    Steps of a request freed since they were scheduled are exempt unless
+    frees are deferred (without deferral the scheduler frees at once, and
+    the device's stream order protects the step).
+
+    Guards: a window's blocks released on the scheduled rather than the
+    processed token count; a deferred free returned to the pool before its
+    step (the target's own state, checked without the model)."""
+    deferred = {b for popped in check.sut.deferred_frees for b in popped}
+    for request_id, reads in check.sut.in_flight_reads:
+        table = check.sut.tables.get(request_id, ())
+        for group_id, blocks in enumerate(reads):
+            held = table[group_id] if group_id < len(table) else ()
+            for block_id in blocks:
+                if block_id == 0:
+                    _fail(
+                        check,
+                        "in_flight_blocks_held",
+                        f"a step of request {request_id} in flight reads a position of group {group_id} "
+                        f"that held no block when it was scheduled (reads {list(blocks)})",
+                    )
+                if block_id not in held and block_id not in deferred:
+                    state = "free" if block_id in check.sut.free_order else "held elsewhere"
+                    _fail(
+                        check,
+                        "in_flight_blocks_held",
+                        f"block {block_id} of group {group_id}, read by a step of request {request_id} still "
+                        f"in flight, is {state}: neither in the request's table nor in a deferred free",
+                    )
 
 
 def admission_matches_model(check: StepCheck) -> None:
@@ -279,6 +315,14 @@ def tables_match_model(check: StepCheck) -> None:
 
     Guards: a sliding-window or chunked-local skip off by one block; blocks
     not freed at preemption."""
+    if check.sut.deferred_frees != check.model.deferred_frees:
+        _fail(
+            check,
+            "tables_match_model",
+            "the blocks held by deferred frees differ",
+            check.model.deferred_frees,
+            check.sut.deferred_frees,
+        )
     if check.sut.tables != check.model.tables:
         differing = sorted(set(check.sut.tables) ^ set(check.model.tables)) or sorted(
             r for r in check.sut.tables if check.sut.tables[r] != check.model.tables.get(r)
@@ -326,6 +370,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     free_queue_well_formed,
     cache_map_consistent,
     scheduled_slots_have_blocks,
+    in_flight_blocks_held,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,

@@ -11,15 +11,19 @@ from kvcheck.ops import (
     EvictBlocks,
     FailedLoad,
     Finish,
+    FinishAsyncLoad,
     GroupIds,
     Operation,
     Preempt,
+    ProcessOutput,
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
     StepResult,
     plan_schedule,
 )
+from kvcheck.pipeline import StepPipeline
 from models.pool_model import NULL, PoolModel
 
 
@@ -56,11 +60,14 @@ def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> rang
     return range(hit_blocks)
 
 
-@attrs.define
+@attrs.define(eq=False)
 class RequestModel:
+    request_id: str
     tokens: list[int]
     num_computed_tokens: int = 0
+    num_in_flight_tokens: int = 0
     running: bool = False
+    loading: bool = False
 
 
 class ManagerModel:
@@ -78,6 +85,8 @@ class ManagerModel:
         self.pool = PoolModel(config.num_blocks, config.enable_caching)
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
+        self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
+        self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
 
@@ -193,20 +202,33 @@ class ManagerModel:
             tables=tables,
             cache_entries=frozenset((g, prefix, b) for b, (g, prefix) in self.pool.cache.items()),
             block_cache_keys=dict(self.pool.cache),
+            deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
         )
 
     # -- operations -----------------------------------------------------------
 
     def apply(self, op: Operation) -> StepResult:
         if isinstance(op, AddRequest):
-            self.requests[op.request_id] = RequestModel(list(op.prompt))
+            self.requests[op.request_id] = RequestModel(op.request_id, list(op.prompt))
             return StepResult()
         if isinstance(op, SpecDecode):
             return self._spec_decode(op)
         if isinstance(op, Schedule):
             return self._schedule(op)
+        if isinstance(op, ProcessOutput):
+            self._process_output()
+            return StepResult()
+        if isinstance(op, StartAsyncLoad):
+            return self._start_async_load(op)
+        if isinstance(op, FinishAsyncLoad):
+            request = self.requests[op.request_id]
+            if request.loading:
+                request.loading, request.running = False, True
+                if self.config.enable_caching:
+                    self._cache_full_blocks(op.request_id, request.num_computed_tokens)
+            return StepResult()
         if isinstance(op, Finish):
-            self._free(op.request_id)
+            self._release(op.request_id, finished=True)
             del self.requests[op.request_id]
             return StepResult()
         if isinstance(op, FailedLoad):
@@ -228,11 +250,20 @@ class ManagerModel:
         rid = op.request_id
         request = self.requests[rid]
         num_groups = len(self.groups)
+        if request.loading:
+            return StepResult()
+        if self.pipeline.full():
+            self._process_output()
         waiting = not request.running
+        placeholders = self.pipeline.num_placeholders(rid)
+        if not waiting and request.num_computed_tokens >= len(request.tokens) + placeholders:
+            return StepResult()
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
-        amounts = plan_schedule(op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None)
+        amounts = plan_schedule(
+            op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None, placeholders
+        )
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
         main_model_tokens = total_computed + amounts.num_new_tokens
@@ -240,10 +271,37 @@ class ManagerModel:
         slots = main_model_tokens + self.config.num_lookahead_tokens
         result_hit = (hit_length, hit_ids) if waiting else (None, None)
 
+        new_ids = self._allocate(rid, waiting, hit_ids, total_computed, external, slots)
+        if new_ids is None:
+            return StepResult(admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1])
+
+        if self.config.enable_caching:
+            # Only tokens that exist are cached: never the drafter's slots.
+            self._cache_full_blocks(rid, min(main_model_tokens, len(request.tokens)))
+        request.running = True
+        request.num_computed_tokens = total_computed + amounts.num_new_tokens
+        if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, len(request.tokens), op.sampled_token, ()):
+            request.tokens.append(op.sampled_token)
+        return StepResult(
+            admitted=True,
+            hit_length=result_hit[0],
+            hit_block_ids=result_hit[1],
+            new_block_ids=new_ids,
+            num_external_tokens=external,
+            num_slots=slots,
+        )
+
+    def _allocate(
+        self, rid: str, waiting: bool, hit_ids: GroupIds, total_computed: int, external: int, slots: int
+    ) -> GroupIds | None:
+        """``allocate_slots``: the request's table grows to ``slots`` token positions, a waiting request
+        first taking its hit and ``external`` loaded tokens; the new blocks, or ``None`` when refused."""
+        request = self.requests[rid]
+        num_groups = len(self.groups)
         # Blocks that left every future token's window are released whether
-        # or not the step is admitted.
+        # or not the step is admitted; tokens of steps in flight do not count.
         for group_id in range(num_groups):
-            self._release_skipped(rid, group_id, total_computed)
+            self._release_skipped(rid, group_id, max(0, total_computed - request.num_in_flight_tokens))
 
         # Admission: the step fits when the free queue holds every block it
         # takes: new blocks for the tables, plus hit blocks now sitting free.
@@ -258,7 +316,7 @@ class ManagerModel:
                 length_before_growth = max(num_skipped, len(hit_ids[group_id]))
             taken += max(0, ceil_div(slots, self.block_size) - length_before_growth)
         if taken > len(self.pool.free_order):
-            return StepResult(admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1])
+            return None
 
         # Every group takes its local hit before any group allocates for
         # external tokens.
@@ -273,23 +331,7 @@ class ManagerModel:
             for group_id, group in enumerate(self.groups):
                 if total_computed - skipped_tokens(group, total_computed) > 0 and external > 0:
                     self._grow(rid, group_id, total_computed)
-        new_ids = tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
-
-        if self.config.enable_caching:
-            # Only tokens that exist are cached: never the drafter's slots.
-            self._cache_full_blocks(rid, min(main_model_tokens, len(request.tokens)))
-        request.running = True
-        request.num_computed_tokens = total_computed + amounts.num_new_tokens
-        if request.num_computed_tokens == len(request.tokens):
-            request.tokens.append(op.sampled_token)
-        return StepResult(
-            admitted=True,
-            hit_length=result_hit[0],
-            hit_block_ids=result_hit[1],
-            new_block_ids=new_ids,
-            num_external_tokens=external,
-            num_slots=slots,
-        )
+        return tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """The last token and the drafts get slots (plus lookahead); rejected drafts are rolled back
@@ -297,7 +339,7 @@ class ManagerModel:
         computed block is cached."""
         rid = op.request_id
         request = self.requests[rid]
-        if not request.running or request.num_computed_tokens != len(request.tokens) - 1:
+        if not request.running or request.num_computed_tokens != len(request.tokens) - 1 or self.pipeline.steps:
             return StepResult()
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
@@ -342,6 +384,70 @@ class ManagerModel:
                 self.pool.cache_block(table[position], (group_id, self.prefix(rid, position)))
             self.num_cached[(rid, group_id)] = max(start, num_full)
 
+    def _start_async_load(self, op: StartAsyncLoad) -> StepResult:
+        """A waiting request's hit and external tokens get blocks, as :meth:`_schedule` gives them, with no
+        new tokens and no lookahead; nothing is cached until the load finishes."""
+        rid = op.request_id
+        request = self.requests[rid]
+        if request.running or request.loading:
+            return StepResult()
+        num_groups = len(self.groups)
+        hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
+        if self.config.enable_caching:
+            hit_length, hit_ids = self.find_hit(rid)
+        external = min(op.num_external_tokens, len(request.tokens) - 1 - hit_length)
+        if external <= 0:
+            return StepResult()
+        total_computed = request.num_computed_tokens + hit_length + external
+        new_ids = self._allocate(rid, True, hit_ids, total_computed, external, total_computed)
+        if new_ids is None:
+            return StepResult(admitted=False, hit_length=hit_length, hit_block_ids=hit_ids)
+        request.num_computed_tokens = total_computed
+        request.loading = True
+        return StepResult(
+            admitted=True,
+            hit_length=hit_length,
+            hit_block_ids=hit_ids,
+            new_block_ids=new_ids,
+            num_external_tokens=external,
+            num_slots=total_computed,
+        )
+
+    def _process_output(self) -> None:
+        def cache(request: RequestModel, num_tokens: int) -> None:
+            if self.config.enable_caching:
+                self._cache_full_blocks(request.request_id, num_tokens)
+
+        def free_popped(key: tuple[str, int]) -> None:
+            self.pool.release(reversed(self.pool.holders.pop(key)))
+
+        self.pipeline.process_next(
+            self.requests.get,
+            lambda rid: self.requests[rid].running,
+            lambda request, token: request.tokens.append(token),
+            cache,
+            free_popped,
+        )
+
+    def _release(self, rid: str, finished: bool) -> None:
+        """Free the request, or (a step of it in flight, frees deferred) hold its blocks until that
+        step is processed: group 0's table first, each without its leading null blocks."""
+        if self.pipeline.must_defer_free(rid):
+            popped: list[int] = []
+            for group_id in range(len(self.groups)):
+                table = self.pool.holders.pop((rid, group_id), [])
+                self.num_cached.pop((rid, group_id), None)
+                start = next((i for i, b in enumerate(table) if b != NULL), len(table))
+                popped.extend(table[start:])
+            if popped:
+                key = ("deferred", self._num_deferred)
+                self._num_deferred += 1
+                self.pool.holders[key] = popped
+                self.pipeline.defer_free(key)
+        else:
+            self._free(rid)
+        self.pipeline.freed(self.requests[rid], rid, finished)
+
     def _free(self, rid: str) -> None:
         for group_id in range(len(self.groups)):
             table = self.pool.holders.pop((rid, group_id), [])
@@ -349,7 +455,8 @@ class ManagerModel:
             self.pool.release(reversed(table))
 
     def _preempt(self, rid: str) -> None:
-        self._free(rid)
+        self._release(rid, finished=False)
         request = self.requests[rid]
         request.num_computed_tokens = 0
         request.running = False
+        request.loading = False

@@ -11,8 +11,17 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.ops import FailedLoad, Operation, Preempt, ResetPrefixCache, Schedule, SpecDecode, StepResult
-from models.manager_model import ManagerModel
+from kvcheck.ops import (
+    FailedLoad,
+    FinishAsyncLoad,
+    Operation,
+    Preempt,
+    ResetPrefixCache,
+    Schedule,
+    SpecDecode,
+    StepResult,
+)
+from models.manager_model import ManagerModel, skipped_tokens
 
 POOL_EXHAUSTED = "pool exhausted"
 ALLOCATION_REFUSED = "allocation returned None"
@@ -25,6 +34,9 @@ REHIT_AFTER_PREEMPTION = "preemption then re-hit of own blocks"
 EAGLE_DROP_SHORTENED_HIT = "EAGLE drop shortened a hit"
 LOOKAHEAD_REFUSED = "lookahead slots made a step not fit"
 ROLLBACK_AFTER_REJECTION = "rollback after rejected drafts"
+WINDOW_HELD_FOR_IN_FLIGHT = "window block held for a step in flight"
+DEFERRED_FREE_RELEASED = "deferred free released after its step"
+ASYNC_LOAD_CACHED = "async load cached when it landed"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -38,6 +50,9 @@ ALL_LABELS = (
     EAGLE_DROP_SHORTENED_HIT,
     LOOKAHEAD_REFUSED,
     ROLLBACK_AFTER_REJECTION,
+    WINDOW_HELD_FOR_IN_FLIGHT,
+    DEFERRED_FREE_RELEASED,
+    ASYNC_LOAD_CACHED,
 )
 
 LABELS_SEEN: Counter[str] = Counter()
@@ -54,6 +69,10 @@ class BeforeStep:
     held_by_request: set[int]
     plain_hit_tokens: int | None
     """For a waiting request's schedule with an EAGLE drafter: the hit without the drop."""
+    window_held: bool
+    """For a running request's schedule: a block past the processed tokens' window, but inside the
+    scheduled tokens' one, is still in its table (a step in flight reads it)."""
+    num_deferred: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -64,7 +83,34 @@ class BeforeStep:
             request = model.requests.get(op.request_id)
             if request is not None and not request.running:
                 plain = model.plain_hit_blocks(op.request_id) * model.block_size
-        return cls(set(model.pool.free_order), set(model.pool.cache), _sliding_nulls(model, op), held - {0}, plain)
+        return cls(
+            set(model.pool.free_order),
+            set(model.pool.cache),
+            _sliding_nulls(model, op),
+            held - {0},
+            plain,
+            _window_held(model, op),
+            len(model.pipeline.deferred),
+        )
+
+
+def _window_held(model: ManagerModel, op: Operation) -> bool:
+    """Whether a schedule of a running request keeps a window block only because of steps in flight."""
+    request = model.requests.get(getattr(op, "request_id", ""))
+    if not isinstance(op, Schedule) or request is None or not request.running or not request.num_in_flight_tokens:
+        return False
+    in_flight = request.num_in_flight_tokens
+    oldest = model.pipeline.steps[0] if model.pipeline.full() else None
+    if oldest is not None and oldest.request is request:
+        in_flight -= oldest.num_scheduled_tokens  # processed before the step is scheduled
+    computed = request.num_computed_tokens
+    for group_id, group in enumerate(model.groups):
+        table = model.pool.holders.get((op.request_id, group_id), [])
+        processed_end = skipped_tokens(group, max(0, computed - in_flight)) // model.block_size
+        scheduled_end = min(skipped_tokens(group, computed) // model.block_size, len(table))
+        if any(b != 0 for b in table[processed_end:scheduled_end]):
+            return True
+    return False
 
 
 def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
@@ -119,6 +165,12 @@ def step_labels(
         labels.append(LOOKAHEAD_REFUSED)
     if isinstance(op, SpecDecode) and result.admitted and op.num_accepted_tokens < op.num_draft_tokens:
         labels.append(ROLLBACK_AFTER_REJECTION)
+    if before.window_held and result.admitted:
+        labels.append(WINDOW_HELD_FOR_IN_FLIGHT)
+    if len(model.pipeline.deferred) < before.num_deferred:
+        labels.append(DEFERRED_FREE_RELEASED)
+    if isinstance(op, FinishAsyncLoad) and set(model.pool.cache) - before.cached:
+        labels.append(ASYNC_LOAD_CACHED)
     if _sliding_nulls(model, op) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
     return labels

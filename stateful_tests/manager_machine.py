@@ -12,11 +12,14 @@ from kvcheck.ops import (
     EvictBlocks,
     FailedLoad,
     Finish,
+    FinishAsyncLoad,
     Operation,
     Preempt,
+    ProcessOutput,
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
     describe_op,
 )
 from kvcheck.targets import TargetFactory
@@ -139,6 +142,23 @@ def manager_machine(
             request_id = data.draw(st.sampled_from(self.lockstep.model.decode_ready()), label="request")
             accepted = data.draw(st.integers(0, num_draft_tokens), label="accepted")
             self._step(SpecDecode(request_id, num_draft_tokens, accepted, sampled_token))
+
+        @precondition(lambda self: bool(self.lockstep.model.pipeline.steps))
+        @rule()
+        def process_output(self) -> None:
+            """The oldest step in flight returns its output (async scheduling)."""
+            self._step(ProcessOutput())
+
+        @rule(request_id=requests, num_external_tokens=st.integers(1, 8))
+        def start_async_load(self, request_id: str, num_external_tokens: int) -> None:
+            """A KV connector starts loading part of a waiting request's prompt asynchronously."""
+            self._step(StartAsyncLoad(request_id, num_external_tokens))
+
+        @precondition(lambda self: any(m.loading for m in self.lockstep.model.requests.values()))
+        @rule(data=st.data())
+        def finish_async_load(self, data: st.DataObject) -> None:
+            loading = sorted(r for r, m in self.lockstep.model.requests.items() if m.loading)
+            self._step(FinishAsyncLoad(data.draw(st.sampled_from(loading), label="request")))
 
         @rule(request_id=consumes(requests))
         def finish(self, request_id: str) -> None:

@@ -53,23 +53,38 @@ class KvcoreTarget(SchedulerDrivenTarget):
         return self.manager.get_computed_blocks(request)
 
     def _allocate_slots(
-        self, request: kvcore.Request, num_new_tokens: int, hit: tuple[Any, int] | None, external: int
+        self,
+        request: kvcore.Request,
+        num_new_tokens: int,
+        hit: tuple[Any, int] | None,
+        external: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool = False,
     ) -> Any:
-        lookahead = self.config.num_lookahead_tokens
         if hit is None:
-            return self.manager.allocate_slots(request, num_new_tokens, num_lookahead_tokens=lookahead)
+            return self.manager.allocate_slots(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
             request,
             num_new_tokens,
             hit_length,
             hit_blocks,
-            num_lookahead_tokens=lookahead,
+            num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=external,
+            delay_cache_blocks=delay_cache_blocks,
         )
 
     def _free(self, request: kvcore.Request) -> None:
         self.manager.free(request)
+
+    def _pop_blocks_for_free(self, request: kvcore.Request) -> list[Any]:
+        return self.manager.pop_blocks_for_free(request)
+
+    def _free_popped(self, popped: list[Any]) -> None:
+        self.manager.free_popped_blocks(popped)
+
+    def _new_step_starts(self) -> None:
+        self.manager.new_step_starts()
 
     def _cache_blocks(self, request: kvcore.Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
@@ -105,6 +120,7 @@ class KvcoreTarget(SchedulerDrivenTarget):
             block_cache_keys={
                 block.block_id: self._key(block.block_hash) for block in pool.blocks if block.block_hash is not None
             },
+            **self.pipeline_fields(),
         )
 
     def check_internal(self) -> None:

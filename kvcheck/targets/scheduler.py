@@ -16,15 +16,19 @@ from kvcheck.ops import (
     EvictBlocks,
     FailedLoad,
     Finish,
+    FinishAsyncLoad,
     GroupIds,
     Operation,
     Preempt,
+    ProcessOutput,
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
     StepResult,
     plan_schedule,
 )
+from kvcheck.pipeline import StepPipeline, read_positions
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -40,13 +44,17 @@ class SchedulerDrivenTarget:
     advances ``num_computed_tokens`` and appends the sampled token once the
     last token is computed.  Preemption frees the request and resets it to
     recompute from token 0; a failed external load first drops the request's
-    blocks from the prefix cache.
+    blocks from the prefix cache.  An asynchronous external load allocates
+    with ``delay_cache_blocks`` and caches when it lands.  Under async
+    scheduling steps go in flight (:mod:`kvcheck.pipeline`).
     """
 
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()
+        self.loading: set[str] = set()
+        self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
         # Hashes are opaque bytes; observations speak of token prefixes.
         self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
         self._hashes_learned: dict[str, int] = {}
@@ -60,12 +68,31 @@ class SchedulerDrivenTarget:
         """The local hit: blocks per group (as the allocator passes them back) and its length in tokens."""
         raise NotImplementedError
 
-    def _allocate_slots(self, request: Any, num_new_tokens: int, hit: tuple[Any, int] | None, external: int) -> Any:
+    def _allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        hit: tuple[Any, int] | None,
+        external: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool = False,
+    ) -> Any:
         """``allocate_slots``; ``hit`` is ``None`` for a running request. Returns the new blocks or ``None``."""
         raise NotImplementedError
 
     def _free(self, request: Any) -> None:
         raise NotImplementedError
+
+    def _pop_blocks_for_free(self, request: Any) -> Any:
+        """``pop_blocks_for_free``: the request's blocks, forgotten by the allocator but still referenced."""
+        raise NotImplementedError
+
+    def _free_popped(self, popped: Any) -> None:
+        """Return blocks from :meth:`_pop_blocks_for_free` to the pool, tail first, as the scheduler does."""
+        raise NotImplementedError
+
+    def _new_step_starts(self) -> None:
+        """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
 
     def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """``cache_blocks``, as a scheduler calls it after a speculative step's output."""
@@ -106,12 +133,25 @@ class SchedulerDrivenTarget:
             return self._schedule(op)
         if isinstance(op, SpecDecode):
             return self._spec_decode(op)
+        if isinstance(op, ProcessOutput):
+            self._process_output()
+            return StepResult()
+        if isinstance(op, StartAsyncLoad):
+            return self._start_async_load(op)
+        if isinstance(op, FinishAsyncLoad):
+            if op.request_id in self.loading:
+                request = self.requests[op.request_id]
+                self.loading.discard(op.request_id)
+                self.running.add(op.request_id)
+                self._cache_blocks(request, request.num_computed_tokens)
+            return StepResult()
         if isinstance(op, Finish):
             request = self.requests[op.request_id]
             self._on_finished(request)
-            self._free(request)
+            self._release(request, op.request_id, finished=True)
             del self.requests[op.request_id], self._hashes_learned[op.request_id]
             self.running.discard(op.request_id)
+            self.loading.discard(op.request_id)
             return StepResult()
         if isinstance(op, FailedLoad):
             self._evict({block_id for table in self._table(op.request_id) for block_id in table if block_id})
@@ -128,23 +168,37 @@ class SchedulerDrivenTarget:
         raise TypeError(f"unknown operation {op!r}")
 
     def _schedule(self, op: Schedule) -> StepResult:
-        request = self.requests[op.request_id]
-        waiting = op.request_id not in self.running
+        rid = op.request_id
+        request = self.requests[rid]
+        if rid in self.loading:
+            return StepResult()
+        if self.pipeline.full():
+            self._process_output()
+        waiting = rid not in self.running
+        placeholders = self.pipeline.num_placeholders(rid)
+        if not waiting and request.num_computed_tokens >= request.num_tokens + placeholders:
+            return StepResult()  # every token a running request has, or will sample, is computed already
+        self._new_step_starts()
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
         hit_length = hit[1] if hit is not None else 0
-        amounts = plan_schedule(op, request.num_tokens, request.num_computed_tokens, hit[1] if hit else None)
-        new_blocks = self._allocate_slots(request, amounts.num_new_tokens, hit, amounts.num_external_tokens)
+        amounts = plan_schedule(
+            op, request.num_tokens, request.num_computed_tokens, hit[1] if hit else None, placeholders
+        )
+        lookahead = self.config.num_lookahead_tokens
+        new_blocks = self._allocate_slots(request, amounts.num_new_tokens, hit, amounts.num_external_tokens, lookahead)
         hit_ids = self._block_ids(hit[0]) if hit is not None else None
         result_hit_length = hit_length if waiting else None
         if new_blocks is None:
             return StepResult(admitted=False, hit_length=result_hit_length, hit_block_ids=hit_ids)
-        self.running.add(op.request_id)
+        self.running.add(rid)
         self._on_admitted(request)
-        request.num_computed_tokens += hit_length + amounts.num_external_tokens + amounts.num_new_tokens
-        num_slots = request.num_computed_tokens + self.config.num_lookahead_tokens
-        if request.num_computed_tokens == request.num_tokens:
+        request.num_computed_tokens += hit_length + amounts.num_external_tokens
+        reads = self._reads(rid, request.num_computed_tokens, amounts.num_new_tokens)
+        request.num_computed_tokens += amounts.num_new_tokens
+        num_slots = request.num_computed_tokens + lookahead
+        if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, request.num_tokens, op.sampled_token, reads):
             request.append_output_token_ids(op.sampled_token)
-            self._learn_hashes(op.request_id)
+            self._learn_hashes(rid)
         return StepResult(
             admitted=True,
             hit_length=result_hit_length,
@@ -160,9 +214,12 @@ class SchedulerDrivenTarget:
         request = self.requests[op.request_id]
         if op.request_id not in self.running or request.num_computed_tokens != request.num_tokens - 1:
             return StepResult()
+        if self.pipeline.steps:
+            return StepResult()  # a speculative step is scheduled and processed at once: only with none in flight
+        self._new_step_starts()
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
-        new_blocks = self._allocate_slots(request, 1 + num_drafts, None, 0)
+        new_blocks = self._allocate_slots(request, 1 + num_drafts, None, 0, self.config.num_lookahead_tokens)
         if new_blocks is None:
             return StepResult(admitted=False)
         request.num_computed_tokens += 1 + num_drafts
@@ -173,12 +230,81 @@ class SchedulerDrivenTarget:
         self._cache_blocks(request, request.num_computed_tokens)
         return StepResult(admitted=True, new_block_ids=self._block_ids(new_blocks), num_slots=num_slots)
 
+    def _start_async_load(self, op: StartAsyncLoad) -> StepResult:
+        """The hit and the external tokens, allocated with ``delay_cache_blocks`` and no lookahead, as
+        vLLM's scheduler allocates for a load that lands asynchronously; nothing is computed."""
+        rid = op.request_id
+        request = self.requests[rid]
+        if rid in self.running or rid in self.loading:
+            return StepResult()
+        self._new_step_starts()
+        hit = self._get_computed_blocks(request)
+        hit_length = hit[1]
+        external = min(op.num_external_tokens, request.num_tokens - 1 - hit_length)
+        if external <= 0:
+            return StepResult()
+        new_blocks = self._allocate_slots(request, 0, hit, external, 0, delay_cache_blocks=True)
+        hit_ids = self._block_ids(hit[0])
+        if new_blocks is None:
+            return StepResult(admitted=False, hit_length=hit_length, hit_block_ids=hit_ids)
+        self.loading.add(rid)
+        request.num_computed_tokens += hit_length + external
+        return StepResult(
+            admitted=True,
+            hit_length=hit_length,
+            hit_block_ids=hit_ids,
+            new_block_ids=self._block_ids(new_blocks),
+            num_external_tokens=external,
+            num_slots=request.num_computed_tokens,
+        )
+
+    def _process_output(self) -> None:
+        def append(request: Any, token: int) -> None:
+            request.append_output_token_ids(token)
+            self._learn_hashes(request.request_id)
+
+        self.pipeline.process_next(
+            self.requests.get, self.running.__contains__, append, self._cache_blocks, self._free_popped
+        )
+
+    def _reads(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> GroupIds:
+        """Block ids at the positions a step reads and writes, per group (0 where the table has none)."""
+        if not self.config.async_scheduling:
+            return ()
+        table = self._table(request_id)
+        positions = read_positions(self.config.groups, self.config.block_size, num_computed_tokens, num_new_tokens)
+        return tuple(
+            tuple(blocks[p] if p < len(blocks) else 0 for p in group_positions)
+            for blocks, group_positions in zip(table, positions)
+        )
+
+    def _release(self, request: Any, request_id: str, finished: bool) -> None:
+        """Free the request's blocks, or pop them for a deferred free while a step of it is in flight."""
+        if self.pipeline.must_defer_free(request_id):
+            popped = self._pop_blocks_for_free(request)
+            if popped:
+                self.pipeline.defer_free(popped)
+        else:
+            self._free(request)
+        self.pipeline.freed(request, request_id, finished)
+
     def _preempt(self, request_id: str) -> None:
         request = self.requests[request_id]
-        self._free(request)
+        self._release(request, request_id, finished=False)
         request.num_computed_tokens = 0
         self._on_preempted(request, request_id in self.running)
         self.running.discard(request_id)
+        self.loading.discard(request_id)
+
+    def _popped_ids(self, popped: Any) -> tuple[int, ...]:
+        return tuple(block.block_id for block in popped)
+
+    def pipeline_fields(self) -> dict[str, Any]:
+        """The observation's view of the deferred frees and the reads of steps in flight."""
+        return {
+            "deferred_frees": tuple(self._popped_ids(popped) for _, popped in self.pipeline.deferred),
+            "in_flight_reads": self.pipeline.held_reads(),
+        }
 
     def _learn_hashes(self, request_id: str) -> None:
         request = self.requests[request_id]

@@ -222,11 +222,18 @@ class VllmTarget(SchedulerDrivenTarget):
         hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
         return hit_blocks, hit_length
 
-    def _allocate_slots(self, request: Any, num_new_tokens: int, hit: tuple[Any, int] | None, external: int) -> Any:
-        lookahead = self.config.num_lookahead_tokens
+    def _allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        hit: tuple[Any, int] | None,
+        external: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool = False,
+    ) -> Any:
         if hit is None:
             return self.manager.allocate_slots(
-                request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=lookahead
+                request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=num_lookahead_tokens
             )
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
@@ -234,12 +241,23 @@ class VllmTarget(SchedulerDrivenTarget):
             num_new_tokens,
             num_new_computed_tokens=hit_length,
             new_computed_blocks=hit_blocks,
-            num_lookahead_tokens=lookahead,
+            num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=external,
+            delay_cache_blocks=delay_cache_blocks,
         )
 
     def _free(self, request: Any) -> None:
         self.manager.free(request)
+
+    def _pop_blocks_for_free(self, request: Any) -> list[Any]:
+        return self.manager.pop_blocks_for_free(request)
+
+    def _free_popped(self, popped: list[Any]) -> None:
+        # As the scheduler drains a deferred free: tail first.
+        self.pool.free_blocks(reversed(popped))
+
+    def _new_step_starts(self) -> None:
+        self.manager.new_step_starts()
 
     def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
@@ -292,6 +310,7 @@ class VllmTarget(SchedulerDrivenTarget):
                 for block in self.pool.blocks
                 if block.block_hash is not None
             },
+            **self.pipeline_fields(),
         )
 
     def check_internal(self) -> None:

@@ -188,11 +188,19 @@ class SingleTypeManager:
         table[start:end] = [self.null_block] * (end - start)
         self.pool.free_table(released)
 
-    def free(self, request_id: str) -> None:
-        """Free the request's table, tail block first; an unknown request is a no-op."""
+    def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
+        """Forget the request and return its blocks, in table order without the leading null
+        blocks, still referenced: the caller frees them later (tail first)."""
         table = self.req_to_blocks.pop(request_id, [])
         self.num_cached_blocks.pop(request_id, None)
-        self.pool.free_table(table)
+        start = 0
+        while start < len(table) and table[start].is_null:
+            start += 1
+        return table[start:]
+
+    def free(self, request_id: str) -> None:
+        """Free the request's table, tail block first; an unknown request is a no-op."""
+        self.pool.free_table(self.pop_blocks_for_free(request_id))
 
     def check_invariants(self) -> None:
         """Every table is free of repeated blocks; cached counts fit their tables."""

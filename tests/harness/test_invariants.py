@@ -128,6 +128,15 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
             check, sut_result=attrs.evolve(check.sut_result, num_slots=(check.sut_result.num_slots or 0) + 1)
         )
 
+    def in_flight_block_freed() -> StepCheck:
+        check = checked_step(
+            attrs.evolve(CACHING, async_scheduling=True), [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)]
+        )
+        ((request_id, reads),) = check.sut.in_flight_reads
+        assert request_id == "a" and reads[0] == check.sut.tables["a"][0]
+        # The step in flight reads a block that went back to the free queue.
+        return with_sut(check, in_flight_reads=(("a", ((check.sut.free_order[0], *reads[0][1:]), reads[1])),))
+
     def reset_done_while_held() -> StepCheck:
         check = base()
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, reset_done=True))
@@ -138,6 +147,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "free_queue_well_formed": torn_queue,
         "cache_map_consistent": stale_map_entry,
         "scheduled_slots_have_blocks": slots_without_blocks,
+        "in_flight_blocks_held": in_flight_block_freed,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
         "failed_allocation_changes_nothing": leaky_refusal,

@@ -1,0 +1,197 @@
+"""Steps in flight: the async scheduler's bookkeeping, shared by every target and the model.
+
+Under async scheduling vLLM's scheduler schedules step N+1 before step N's
+output is processed.  A scheduled step advances ``num_computed_tokens`` at
+once and adds its tokens to the request's ``num_in_flight_tokens``; a step
+that computes the request's last known token leaves an output placeholder
+(the token it will sample).  Outputs are processed in scheduling order:
+the tokens leave the in-flight count, the sampled token is appended, and
+the scheduler caches the request's blocks up to its processed tokens.  A
+request preempted while steps are in flight has its placeholders dropped and
+their output marked stale: it is still appended but changes no counter.
+
+With ``defer_block_free`` a request freed while one of its steps is in
+flight does not return its blocks to the pool: the scheduler pops them from
+the allocator and frees them once every step scheduled so far is processed
+(a fence on the step sequence), as vLLM 0.33.0 does for KV-consumer
+connectors.
+
+This is scheduler logic, not allocator logic, so it is written once here
+and driven by both :class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`
+and :class:`~models.manager_model.ManagerModel`; each supplies the
+allocator-side effects as callbacks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from kvcheck.config import GroupSpec
+
+GroupPositions = tuple[range, ...]
+
+MAX_STEPS_IN_FLIGHT = 2
+"""vLLM runs two batches at once under async scheduling without pipeline parallelism: a third step
+is scheduled only once the oldest output is processed."""
+
+
+def first_read_token(group: GroupSpec, num_computed_tokens: int) -> int:
+    """The first token a step starting at ``num_computed_tokens`` attends to in ``group``.
+
+    A sliding window of ``W`` tokens reaches back ``W - 1`` tokens from the
+    step's first token; chunked local attention to the start of that token's
+    chunk; full attention to token 0.
+    """
+    if group.kind == "sliding_window":
+        assert group.window is not None
+        return max(0, num_computed_tokens - group.window + 1)
+    if group.kind == "chunked_local":
+        assert group.window is not None
+        return (num_computed_tokens // group.window) * group.window
+    return 0
+
+
+def read_positions(
+    groups: tuple[GroupSpec, ...], block_size: int, num_computed_tokens: int, num_new_tokens: int
+) -> GroupPositions:
+    """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
+    ``num_computed_tokens`` reads or writes."""
+    end = -(-(num_computed_tokens + num_new_tokens) // block_size)
+    return tuple(range(first_read_token(g, num_computed_tokens) // block_size, end) for g in groups)
+
+
+@attrs.define(eq=False)
+class InFlightStep:
+    """A scheduled step whose output is not processed yet.
+
+    ``request`` is the request object itself: a request added again under
+    the same id is another request, and this step's output is not its.
+    ``reads`` holds, per group, the block ids at the positions the step
+    reads and writes, as the request's table held them when it was
+    scheduled.  ``freed`` is set once the request's blocks were freed
+    (finish or preemption) while the step was in flight.
+    """
+
+    request: Any
+    request_id: str
+    num_scheduled_tokens: int
+    samples: bool
+    sampled_token: int
+    reads: tuple[tuple[int, ...], ...]
+    freed: bool = False
+
+
+class StepPipeline:
+    """The async scheduler's in-flight steps, output placeholders, stale outputs and deferred frees."""
+
+    def __init__(self, async_scheduling: bool, defer_block_free: bool) -> None:
+        self.async_scheduling = async_scheduling
+        self.defer_block_free = defer_block_free
+        self.steps: deque[InFlightStep] = deque()
+        self.sched_seq = 0
+        self.processed_seq = 0
+        self.deferred: deque[tuple[int, Any]] = deque()
+        self.placeholders: dict[str, int] = {}
+        self.stale: dict[str, int] = {}
+        self.last_sched_seq: dict[str, int] = {}
+
+    def full(self) -> bool:
+        """Whether the next step must wait for the oldest output to be processed."""
+        return len(self.steps) >= MAX_STEPS_IN_FLIGHT
+
+    def num_placeholders(self, request_id: str) -> int:
+        return self.placeholders.get(request_id, 0)
+
+    def scheduled(
+        self,
+        request: Any,
+        request_id: str,
+        num_scheduled_tokens: int,
+        num_tokens: int,
+        sampled_token: int,
+        reads: tuple[tuple[int, ...], ...],
+    ) -> bool:
+        """Record a step just scheduled (``num_computed_tokens`` already advanced).
+
+        Returns whether the caller appends the sampled token now: always for
+        a step that computed the last token under synchronous scheduling;
+        never under async scheduling, where the step goes in flight.
+        """
+        samples = request.num_computed_tokens >= num_tokens + self.num_placeholders(request_id)
+        if not self.async_scheduling:
+            return samples
+        request.num_in_flight_tokens += num_scheduled_tokens
+        self.sched_seq += 1
+        self.last_sched_seq[request_id] = self.sched_seq
+        if samples:
+            self.placeholders[request_id] = self.num_placeholders(request_id) + 1
+        self.steps.append(InFlightStep(request, request_id, num_scheduled_tokens, samples, sampled_token, reads))
+        return False
+
+    def must_defer_free(self, request_id: str) -> bool:
+        """Whether freeing the request now must wait: a step of it may still write its blocks."""
+        return self.defer_block_free and self.last_sched_seq.get(request_id, 0) > self.processed_seq
+
+    def defer_free(self, popped: Any) -> None:
+        """Hold blocks popped from the allocator until every step scheduled so far is processed."""
+        self.deferred.append((self.sched_seq, popped))
+
+    def freed(self, request: Any, request_id: str, finished: bool) -> None:
+        """The request's blocks were freed: it finished, or was preempted (its in-flight output is then stale)."""
+        for step in self.steps:
+            if step.request is request:
+                step.freed = True
+        self.placeholders.pop(request_id, None)
+        if finished:
+            self.stale.pop(request_id, None)
+            self.last_sched_seq.pop(request_id, None)
+        else:
+            self.stale[request_id] = request.num_in_flight_tokens
+
+    def process_next(
+        self,
+        current: Callable[[str], Any],
+        running: Callable[[str], bool],
+        append: Callable[[Any, int], None],
+        cache: Callable[[Any, int], None],
+        free_popped: Callable[[Any], None],
+    ) -> InFlightStep | None:
+        """Process the oldest step's output; ``None`` when no step is in flight.
+
+        Deferred frees whose fence this step meets are released first (as
+        vLLM's ``update_from_output`` drains them before it reads outputs).
+        ``current(request_id)`` is the live request under that id (or
+        ``None``); ``running`` says whether it is running; ``append`` appends
+        a sampled token; ``cache`` caches the request's blocks up to a token
+        count; ``free_popped`` frees blocks popped for a deferred free.
+        """
+        if not self.steps:
+            return None
+        step = self.steps.popleft()
+        self.processed_seq += 1
+        while self.deferred and self.deferred[0][0] <= self.processed_seq:
+            free_popped(self.deferred.popleft()[1])
+        request, request_id = step.request, step.request_id
+        if current(request_id) is not request:
+            return step
+        request.num_in_flight_tokens -= step.num_scheduled_tokens
+        stale = self.stale.get(request_id, 0) > 0
+        if stale:
+            self.stale[request_id] -= step.num_scheduled_tokens
+        if step.samples:
+            had_placeholders = self.num_placeholders(request_id) > 0
+            append(request, step.sampled_token)
+            if not stale and had_placeholders:
+                self.placeholders[request_id] -= 1
+                if running(request_id):
+                    cache(request, request.num_computed_tokens - request.num_in_flight_tokens)
+        return step
+
+    def held_reads(self) -> tuple[tuple[str, tuple[tuple[int, ...], ...]], ...]:
+        """The reads of every in-flight step whose blocks must still be held: all of them with
+        deferred frees, otherwise those of requests not freed since the step was scheduled."""
+        return tuple((step.request_id, step.reads) for step in self.steps if self.defer_block_free or not step.freed)
