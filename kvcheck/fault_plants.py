@@ -374,6 +374,7 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
         new_computed_blocks: Any = None,
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> Any:
         def blocks_for_computed_tokens(request_id: str, num_tokens: int, hit: Any, total_computed: int) -> int:
             # The bug: admission is sized for the tokens the step computes; the
@@ -389,6 +390,7 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
                 new_computed_blocks,
                 num_lookahead_tokens,
                 num_external_computed_tokens,
+                delay_cache_blocks,
             )
         finally:
             del coordinator.num_blocks_to_allocate
@@ -408,3 +410,62 @@ def plant_spec_output_caches_one_token_short(manager: kvcore.KVCacheManager) -> 
         cache_blocks(request, max(0, num_computed_tokens - 1))
 
     manager.cache_blocks = cache_blocks_one_short  # type: ignore[method-assign]
+
+
+# -- async scheduling ------------------------------------------------------------
+
+
+def window_slides_on_scheduled_tokens(allocate_slots: Any) -> Any:
+    """``allocate_slots`` releasing window blocks on the scheduled token count: the request's
+    in-flight tokens are taken as processed.  kvcore's and vLLM's managers read the in-flight count
+    only there, so hiding it for the call is that bug exactly."""
+
+    def allocate_slots_on_scheduled_tokens(request: Any, *args: Any, **kwargs: Any) -> Any:
+        in_flight, request.num_in_flight_tokens = request.num_in_flight_tokens, 0
+        try:
+            # The bug (the code before async scheduling): remove_skipped_blocks
+            # gets total_computed_tokens, not total_computed_tokens minus the
+            # tokens of steps still in flight, which read those blocks.
+            return allocate_slots(request, *args, **kwargs)
+        finally:
+            request.num_in_flight_tokens = in_flight
+
+    return allocate_slots_on_scheduled_tokens
+
+
+def plant_window_slides_on_scheduled_tokens(manager: kvcore.KVCacheManager) -> None:
+    manager.allocate_slots = window_slides_on_scheduled_tokens(manager.allocate_slots)  # type: ignore[method-assign]
+
+
+def popped_in_eviction_order(pop_blocks_for_free: Any) -> Any:
+    """``pop_blocks_for_free`` returning the blocks tail first, as ``free`` passes them to the pool;
+    the scheduler reverses the list again, so a deferred free evicts the shared prefix first."""
+
+    def pop_tail_first(request_id: str) -> list[Any]:
+        blocks = pop_blocks_for_free(request_id)
+        # The bug: the popped list is documented in allocation order, but is
+        # returned in the order free() releases blocks (the tail first).
+        return blocks[::-1]
+
+    return pop_tail_first
+
+
+def plant_deferred_free_in_eviction_order(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    coordinator.pop_blocks_for_free = popped_in_eviction_order(coordinator.pop_blocks_for_free)  # type: ignore[method-assign]
+
+
+def load_cached_before_it_lands(allocate_slots: Any) -> Any:
+    """``allocate_slots`` caching the blocks of an asynchronous load at allocation, before its KV landed."""
+
+    def allocate_slots_caching_at_once(request: Any, *args: Any, **kwargs: Any) -> Any:
+        # The bug: the early return for delay_cache_blocks is lost, so the
+        # loaded blocks are hittable while the transfer is still writing them.
+        kwargs.pop("delay_cache_blocks", None)
+        return allocate_slots(request, *args, **kwargs)
+
+    return allocate_slots_caching_at_once
+
+
+def plant_delayed_load_cached_at_allocation(manager: kvcore.KVCacheManager) -> None:
+    manager.allocate_slots = load_cached_before_it_lands(manager.allocate_slots)  # type: ignore[method-assign]

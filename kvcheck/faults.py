@@ -115,6 +115,24 @@ FAULTS: dict[str, Fault] = {
             plants.plant_spec_output_caches_one_token_short,
         ),
         Fault(
+            "window-slides-on-scheduled-tokens",
+            "allocate_slots releases local-attention (sliding-window, chunked) blocks on the scheduled token "
+            "count, not the processed one: a block a step still in flight reads goes back to the pool",
+            plants.plant_window_slides_on_scheduled_tokens,
+        ),
+        Fault(
+            "deferred-free-in-eviction-order",
+            "pop_blocks_for_free returns the blocks tail first, as free passes them; the deferred free "
+            "reverses them again and evicts the shared prefix first",
+            plants.plant_deferred_free_in_eviction_order,
+        ),
+        Fault(
+            "delayed-load-cached-at-allocation",
+            "allocate_slots ignores delay_cache_blocks: an asynchronous load's blocks are cached, and hittable, "
+            "before the load lands",
+            plants.plant_delayed_load_cached_at_allocation,
+        ),
+        Fault(
             "hit-taken-before-admission",
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,

@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvcheck.config import TargetConfig
-from kvcheck.fault_plants import release_with_and_condition, take_hits_and_external_interleaved
+from kvcheck.fault_plants import (
+    load_cached_before_it_lands,
+    popped_in_eviction_order,
+    release_with_and_condition,
+    take_hits_and_external_interleaved,
+    window_slides_on_scheduled_tokens,
+)
 from kvcheck.faults import Fault
 
 
@@ -68,6 +74,43 @@ def _spec_output_caches_one_token_short(manager: Any) -> None:
     manager.cache_blocks = cache_blocks_one_short
 
 
+def _eagle_window_without_extra_block(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    class EagleDropWithoutExtraBlockWindow(SlidingWindowManager):  # type: ignore[misc]
+        @classmethod
+        def _contiguous_blocks_for_hit(cls, window_size: int, block_size: int, use_eagle: bool) -> int:
+            # The bug: the EAGLE drop still pops the last matched block, but the
+            # run it pops from is only as long as the window needs without it.
+            return -(-(window_size - 1) // block_size)
+
+    coordinator = manager.coordinator
+    for group_manager in coordinator.single_type_managers:
+        if type(group_manager) is SlidingWindowManager:
+            group_manager.__class__ = EagleDropWithoutExtraBlockWindow
+    # The hybrid coordinator looks hits up through the class it recorded per spec group.
+    if hasattr(coordinator, "attention_groups"):
+        coordinator.attention_groups = [
+            group._replace(manager_cls=EagleDropWithoutExtraBlockWindow)
+            if group.manager_cls is SlidingWindowManager
+            else group
+            for group in coordinator.attention_groups
+        ]
+
+
+def _window_slides_on_scheduled_tokens(manager: Any) -> None:
+    manager.allocate_slots = window_slides_on_scheduled_tokens(manager.allocate_slots)
+
+
+def _deferred_free_in_eviction_order(manager: Any) -> None:
+    coordinator = manager.coordinator
+    coordinator.pop_blocks_for_free = popped_in_eviction_order(coordinator.pop_blocks_for_free)
+
+
+def _delayed_load_cached_at_allocation(manager: Any) -> None:
+    manager.allocate_slots = load_cached_before_it_lands(manager.allocate_slots)
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -91,6 +134,26 @@ VLLM_FAULTS: dict[str, Fault] = {
             "spec-output-caches-one-token-short",
             "vLLM cache_blocks after a speculative step's output stopping one token short",
             _spec_output_caches_one_token_short,
+        ),
+        Fault(
+            "eagle-window-without-extra-block",
+            "vLLM SlidingWindowManager dropping an EAGLE hit's last block from a run without the extra block",
+            _eagle_window_without_extra_block,
+        ),
+        Fault(
+            "window-slides-on-scheduled-tokens",
+            "vLLM allocate_slots releasing sliding-window blocks on the scheduled, not the processed, tokens",
+            _window_slides_on_scheduled_tokens,
+        ),
+        Fault(
+            "deferred-free-in-eviction-order",
+            "vLLM pop_blocks_for_free returning the blocks tail first",
+            _deferred_free_in_eviction_order,
+        ),
+        Fault(
+            "delayed-load-cached-at-allocation",
+            "vLLM allocate_slots caching an asynchronous load's blocks before the load lands",
+            _delayed_load_cached_at_allocation,
         ),
     )
 }

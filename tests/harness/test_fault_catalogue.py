@@ -17,6 +17,7 @@ from kvcheck.ops import (
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
 )
 from kvcheck.targets import load_target
 from models.invariants import InvariantViolation
@@ -133,6 +134,28 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     "spec-output-caches-one-token-short": (
         one_group(3, 3),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), SpecDecode("r0", 3, 3)],
+        "cache_matches_model",
+    ),
+    # Async steps, a window of 2 one-token blocks: r0's 3-token step is in flight when its next token
+    # is scheduled. Processed, nothing has left the window; on the scheduled count blocks 1 and 2
+    # have, and go back to the pool while the step in flight reads them.
+    "window-slides-on-scheduled-tokens": (
+        TargetConfig(8, 1, (GroupSpec("sliding_window", 2),), True, async_scheduling=True),
+        [AddRequest("r0", (0, 1, 2, 3, 4)), Schedule("r0", 3), Schedule("r0", 1)],
+        "in_flight_blocks_held",
+    ),
+    # Deferred frees: r0 finishes while its step is in flight, so its blocks are popped, in table
+    # order [1, 2]; tail first they come out as [2, 1].
+    "deferred-free-in-eviction-order": (
+        TargetConfig(4, 1, (FULL,), True, async_scheduling=True, defer_block_free=True),
+        [AddRequest("r0", (0, 1)), Schedule("r0", 2), Finish("r0")],
+        "tables_match_model",
+    ),
+    # r0's first token is loaded asynchronously into block 1, which must stay out of the prefix cache
+    # until the load lands.
+    "delayed-load-cached-at-allocation": (
+        one_group(3, 1),
+        [AddRequest("r0", (0, 0)), StartAsyncLoad("r0", 1)],
         "cache_matches_model",
     ),
     "hit-taken-before-admission": (
