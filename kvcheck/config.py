@@ -83,7 +83,15 @@ class TargetConfig:
     order the steps were scheduled, and a step's sampled token exists only
     then.  ``defer_block_free`` (async only; vLLM sets it for a KV-consumer
     connector) holds the blocks of a request freed while one of its steps is
-    in flight until that step is processed."""
+    in flight until that step is processed.
+
+    ``num_hash_lookahead_tokens`` (L) makes every block hash cover the L
+    tokens after its block (vLLM's lookahead block hashes, the default for
+    an EAGLE/MTP drafter with prefix caching, in place of the drop);
+    ``num_prefill_lookahead`` is how many tokens past a prefill chunk the
+    drafter writes (1 for EAGLE, k for k-module MTP), of which all but one
+    are never cached; ``eagle_group_ids`` names the groups holding the
+    drafter's layers (none named: every group, for an EAGLE drafter)."""
 
     num_blocks: int
     block_size: int
@@ -93,6 +101,26 @@ class TargetConfig:
     num_lookahead_tokens: int = 0
     async_scheduling: bool = False
     defer_block_free: bool = False
+    num_hash_lookahead_tokens: int = 0
+    num_prefill_lookahead: int = 0
+    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+
+    @property
+    def drafter_group_ids(self) -> frozenset[int]:
+        """The groups holding the drafter's layers: those named, or every group for an EAGLE drafter."""
+        if self.eagle_group_ids:
+            return frozenset(self.eagle_group_ids)
+        return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
+
+    @property
+    def drop_group_ids(self) -> frozenset[int]:
+        """The groups whose prefix hit drops its last block (before merging groups of one spec)."""
+        return self.drafter_group_ids if self.use_eagle else frozenset()
+
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """Trailing computed tokens a multi-module drafter may prefill again, which are never cached."""
+        return max(0, self.num_prefill_lookahead - 1)
 
     def validate(self) -> TargetConfig:
         """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
@@ -119,25 +147,59 @@ class TargetConfig:
             raise ConfigError("num_lookahead_tokens", above(lookahead, MAX_LOOKAHEAD_TOKENS, "tokens"))
         if not isinstance(self.use_eagle, bool):
             raise ConfigError("use_eagle", f"must be true or false, got {shown(self.use_eagle)}")
+        for name in ("num_hash_lookahead_tokens", "num_prefill_lookahead"):
+            value = getattr(self, name)
+            if not is_int(value) or value < 0:
+                raise ConfigError(name, f"must be an integer >= 0, got {shown(value)}")
+            if value > MAX_LOOKAHEAD_TOKENS:
+                raise ConfigError(name, above(value, MAX_LOOKAHEAD_TOKENS, "tokens"))
+        if self.use_eagle and self.num_hash_lookahead_tokens:
+            raise ConfigError(
+                "num_hash_lookahead_tokens",
+                f"{self.num_hash_lookahead_tokens} with use_eagle true: hashes that look ahead replace the EAGLE "
+                "drop (vLLM's scheduler turns the drop off)",
+            )
+        if not isinstance(self.eagle_group_ids, tuple):
+            raise ConfigError("eagle_group_ids", f"must be a list of group indices, got {shown(self.eagle_group_ids)}")
+        for index, group_id in enumerate(self.eagle_group_ids):
+            if not is_int(group_id) or not 0 <= group_id < len(self.groups):
+                raise ConfigError(
+                    f"eagle_group_ids[{index}]",
+                    f"must name one of the {len(self.groups)} groups, got {shown(group_id)}",
+                )
+        if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
+            raise ConfigError("eagle_group_ids", f"names a group twice: {list(self.eagle_group_ids)}")
         for name in ("async_scheduling", "defer_block_free"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {shown(getattr(self, name))}")
         if self.defer_block_free and not self.async_scheduling:
             raise ConfigError("defer_block_free", "true needs async_scheduling true: only steps in flight defer a free")
-        if self.use_eagle and self.enable_caching:
-            for index, group in enumerate(self.groups):
-                if group.kind == "chunked_local":
+        if self.enable_caching:
+            for index in sorted(self.drop_group_ids):
+                if self.groups[index].kind == "chunked_local":
                     raise ConfigError(
                         "use_eagle",
-                        f"true with groups[{index}] chunked_local: a chunked-local hit cannot drop a block "
-                        "(vLLM 0.33.0 asserts on it)",
+                        f"true with groups[{index}] chunked_local holding the drafter: a chunked-local hit cannot "
+                        "drop a block (vLLM 0.33.0 asserts on it)",
                     )
+            if self.drafter_group_ids and self.block_size < self.num_prefill_lookahead:
+                raise ConfigError(
+                    "num_prefill_lookahead",
+                    f"{self.num_prefill_lookahead} is above block_size={self.block_size}: with prefix caching a "
+                    "drafter's prefill lookahead must fit in a block (vLLM 0.33.0 refuses it)",
+                )
         return self
 
     def describe(self) -> str:
         kinds = ", ".join(g.kind if g.window is None else f"{g.kind}({g.window})" for g in self.groups)
         caching = "on" if self.enable_caching else "off"
         eagle = ", EAGLE drafter" if self.use_eagle else ""
+        if self.eagle_group_ids:
+            eagle += f" in groups {list(self.eagle_group_ids)}"
+        if self.num_hash_lookahead_tokens:
+            eagle += f", hashes look {self.num_hash_lookahead_tokens} ahead"
+        if self.num_prefill_lookahead:
+            eagle += f", prefill lookahead {self.num_prefill_lookahead}"
         lookahead = f", lookahead {self.num_lookahead_tokens}" if self.num_lookahead_tokens else ""
         steps = ""
         if self.async_scheduling:
@@ -158,6 +220,12 @@ class TargetConfig:
             document["use_eagle"] = True
         if self.num_lookahead_tokens:
             document["num_lookahead_tokens"] = self.num_lookahead_tokens
+        if self.eagle_group_ids:
+            document["eagle_group_ids"] = list(self.eagle_group_ids)
+        if self.num_hash_lookahead_tokens:
+            document["num_hash_lookahead_tokens"] = self.num_hash_lookahead_tokens
+        if self.num_prefill_lookahead:
+            document["num_prefill_lookahead"] = self.num_prefill_lookahead
         if self.async_scheduling:
             document["async_scheduling"] = True
         if self.defer_block_free:

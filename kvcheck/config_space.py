@@ -12,7 +12,9 @@ block free: a full pool, where freed cached blocks are all there is to
 allocate from.  Half the configurations with caching on serve an EAGLE
 drafter, and a third reserve lookahead slots for a drafter's tokens in every
 step.  A third schedule asynchronously (steps in flight), half of those
-with deferred frees.
+with deferred frees.  A drafter either drops a block from hits or (vLLM's
+default with caching) hashes blocks with the tokens after them, and may sit
+in some of the groups only.
 """
 
 from __future__ import annotations
@@ -65,6 +67,30 @@ def random_config(
     # Async scheduling in a third of the runs, with deferred frees (a KV-consumer connector) in half of those.
     async_scheduling = rng.random() < 1 / 3
     defer_block_free = async_scheduling and rng.random() < 1 / 2
+    # vLLM's default drafter set-up with prefix caching: no drop, but block
+    # hashes that look ahead as far as the drafter's prefill lookahead (1 for
+    # EAGLE, k for k-module MTP).  With the drop (a KV connector), a prefill
+    # lookahead of 1 to 3.  Half the multi-group drafters sit in some groups only.
+    mode = rng.random()
+    hash_lookahead = prefill_lookahead = 0
+    if enable_caching and not use_eagle and mode < 1 / 3:
+        hash_lookahead = prefill_lookahead = rng.choice([1, 1, 2, 3])
+        if hash_lookahead > 1 and any(group.kind != "full" for group in groups):
+            # vLLM 0.33.0's local-attention lookups index past the hashes then
+            # (tests/vllm/test_known_defects.py): MTP's longer lookahead is
+            # drawn for full-attention layouts only.
+            hash_lookahead = prefill_lookahead = 1
+    elif use_eagle and mode < 2 / 3:
+        prefill_lookahead = rng.choice([1, 2, 3])
+    eagle_group_ids: tuple[int, ...] = ()
+    if (use_eagle or hash_lookahead) and count > 1 and rng.random() < 1 / 2:
+        can_drop = [index for index, group in enumerate(groups) if group.kind != "chunked_local"]
+        if can_drop:
+            eagle_group_ids = tuple(sorted(rng.sample(can_drop, rng.randint(1, len(can_drop)))))
+    if eagle_group_ids or use_eagle:
+        # vLLM refuses a drafter's prefill lookahead longer than a block.
+        prefill_lookahead = min(prefill_lookahead, block_size)
+        hash_lookahead = min(hash_lookahead, block_size)
     return TargetConfig(
         num_blocks,
         block_size,
@@ -74,4 +100,7 @@ def random_config(
         num_lookahead_tokens,
         async_scheduling,
         defer_block_free,
+        hash_lookahead,
+        prefill_lookahead,
+        eagle_group_ids,
     )

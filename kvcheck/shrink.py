@@ -89,13 +89,24 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
         yield attrs.evolve(config, defer_block_free=False)
     if config.use_eagle:
         yield attrs.evolve(config, use_eagle=False)
+    if config.eagle_group_ids:
+        yield attrs.evolve(config, eagle_group_ids=())
+    if config.num_hash_lookahead_tokens:
+        yield attrs.evolve(config, num_hash_lookahead_tokens=0)
+    if config.num_prefill_lookahead:
+        yield attrs.evolve(config, num_prefill_lookahead=0)
+        if config.num_prefill_lookahead > 1:
+            yield attrs.evolve(config, num_prefill_lookahead=config.num_prefill_lookahead - 1)
     if config.num_lookahead_tokens:
         yield attrs.evolve(config, num_lookahead_tokens=0)
         if config.num_lookahead_tokens > 1:
             yield attrs.evolve(config, num_lookahead_tokens=config.num_lookahead_tokens - 1)
     if len(config.groups) > 1:
         for index in range(len(config.groups)):
-            yield attrs.evolve(config, groups=config.groups[:index] + config.groups[index + 1 :])
+            drafters = tuple(g - (g > index) for g in config.eagle_group_ids if g != index)
+            if drafters or not config.eagle_group_ids:
+                groups = config.groups[:index] + config.groups[index + 1 :]
+                yield attrs.evolve(config, groups=groups, eagle_group_ids=drafters)
     for smaller in (4, config.num_blocks // 2, config.num_blocks - 1):
         if 2 <= smaller < config.num_blocks:
             yield attrs.evolve(config, num_blocks=smaller)

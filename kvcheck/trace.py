@@ -176,9 +176,23 @@ class _Reader:
     def config(self, value: object) -> TargetConfig:
         raw = self.object(value, "config")
         required = {"num_blocks", "block_size", "enable_caching", "groups"}
-        self.keys(
-            raw, required, {"use_eagle", "num_lookahead_tokens", "async_scheduling", "defer_block_free"}, "config"
-        )
+        optional = {
+            "use_eagle",
+            "num_lookahead_tokens",
+            "async_scheduling",
+            "defer_block_free",
+            "eagle_group_ids",
+            "num_hash_lookahead_tokens",
+            "num_prefill_lookahead",
+        }
+        self.keys(raw, required, optional, "config")
+        eagle_group_ids = raw.get("eagle_group_ids", [])
+        if not isinstance(eagle_group_ids, list):
+            raise self.fail(
+                f"expected a list of group indices, got {shown(eagle_group_ids)}", None, "config.eagle_group_ids"
+            )
+        if len(eagle_group_ids) > MAX_GROUPS:
+            raise self.fail(above(len(eagle_group_ids), MAX_GROUPS, "groups"), None, "config.eagle_group_ids")
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
             raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
@@ -199,6 +213,9 @@ class _Reader:
             raw.get("num_lookahead_tokens", 0),
             raw.get("async_scheduling", False),
             raw.get("defer_block_free", False),
+            raw.get("num_hash_lookahead_tokens", 0),
+            raw.get("num_prefill_lookahead", 0),
+            tuple(eagle_group_ids),
         )
         try:
             return config.validate()

@@ -87,8 +87,14 @@ class KVCacheConfig:
     attention type); with more than one group the cache is *hybrid*.  All
     groups share one block size.  ``max_model_len`` bounds the token slots of
     a request (``None``: no bound).  ``use_eagle`` serves an EAGLE/MTP drafter:
-    a prefix hit drops its last matched block (see :mod:`kvcore.coordinator`);
-    chunked local attention cannot serve one.
+    a prefix hit drops its last matched block (see :mod:`kvcore.coordinator`)
+    in the groups that hold the drafter's layers, ``eagle_group_ids`` (all
+    groups when none is named); chunked local attention cannot drop.
+    ``num_prefill_lookahead`` is how many tokens past a prefill chunk the
+    drafter writes (1 for EAGLE, k for k-module MTP): the last
+    ``num_prefill_lookahead - 1`` computed tokens may be re-prefilled, so
+    they are never cached (in a hybrid cache, only by the groups that
+    drop); with drafter groups and caching, a block must hold them all.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
@@ -96,14 +102,49 @@ class KVCacheConfig:
     enable_caching: bool = attrs.field(default=True, validator=_boolean)
     max_model_len: int | None = attrs.field(default=None, validator=_max_model_len)
     use_eagle: bool = attrs.field(default=False, validator=_boolean)
+    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    num_prefill_lookahead: int = attrs.field(default=0)
 
     def __attrs_post_init__(self) -> None:
-        if self.use_eagle and self.enable_caching:
-            for index, spec in enumerate(self.groups):
-                if isinstance(spec, ChunkedLocalAttentionSpec):
+        for index, group_id in enumerate(self.eagle_group_ids):
+            if not isinstance(group_id, int) or isinstance(group_id, bool) or not 0 <= group_id < len(self.groups):
+                raise InvalidConfig(
+                    f"eagle_group_ids[{index}]", group_id, f"must name one of {len(self.groups)} groups"
+                )
+        if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
+            raise InvalidConfig("eagle_group_ids", self.eagle_group_ids, "names a group twice")
+        lookahead = self.num_prefill_lookahead
+        if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 0:
+            raise InvalidConfig("num_prefill_lookahead", lookahead, "must be an int >= 0")
+        if self.enable_caching:
+            for index in sorted(self.drop_group_ids):
+                if isinstance(self.groups[index], ChunkedLocalAttentionSpec):
                     raise InvalidConfig(
                         "use_eagle", True, f"groups[{index}] is chunked local attention, whose hits cannot drop a block"
                     )
+            if self.drafter_group_ids and self.block_size < lookahead:
+                raise InvalidConfig(
+                    "num_prefill_lookahead",
+                    lookahead,
+                    f"a drafter with prefix caching needs block_size (={self.block_size}) >= its prefill lookahead",
+                )
+
+    @property
+    def drafter_group_ids(self) -> frozenset[int]:
+        """The groups holding the drafter's layers: those named, or every group for an EAGLE drafter."""
+        if self.eagle_group_ids:
+            return frozenset(self.eagle_group_ids)
+        return frozenset(range(len(self.groups))) if self.use_eagle else frozenset()
+
+    @property
+    def drop_group_ids(self) -> frozenset[int]:
+        """The groups whose prefix hit drops its last block: the drafter's, when ``use_eagle``."""
+        return self.drafter_group_ids if self.use_eagle else frozenset()
+
+    @property
+    def num_reprefillable_tokens(self) -> int:
+        """Trailing computed tokens a multi-module drafter may prefill again: never cached."""
+        return max(0, self.num_prefill_lookahead - 1)
 
     @property
     def block_size(self) -> int:

@@ -75,10 +75,15 @@ class KVCacheCoordinator:
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVBlock], ...]:
         return tuple(manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers)
 
+    def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
+        """How many of the first ``num_tokens`` computed tokens group ``group_id`` may cache: all but
+        the ones a multi-module drafter may prefill again."""
+        return max(0, num_tokens - self.config.num_reprefillable_tokens)
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        for manager in self.managers:
+        for group_id, manager in enumerate(self.managers):
             if manager.enable_caching:
-                manager.cache_blocks(request, num_tokens)
+                manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, group_id))
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         for manager in self.managers:
@@ -117,7 +122,7 @@ class UnitaryCoordinator(KVCacheCoordinator):
         """The group's own hit; for an EAGLE drafter, its last block dropped (no look past the cap)."""
         manager = self.managers[0]
         return manager.find_longest_cache_hit(
-            block_hashes, max_length, [0], self.pool, manager.spec, drop_last=self.config.use_eagle
+            block_hashes, max_length, [0], self.pool, manager.spec, drop_last=0 in self.config.drop_group_ids
         )
 
 
@@ -128,6 +133,8 @@ class _SpecGroup:
     spec: AttentionSpec
     group_ids: list[int]
     manager_class: type[SingleTypeManager]
+    drops: bool = False
+    """An EAGLE drafter's layers are in one of the groups: the group's lookups drop a block."""
 
 
 class HybridCoordinator(KVCacheCoordinator):
@@ -136,17 +143,23 @@ class HybridCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig) -> None:
         super().__init__(config, enable_caching=True)
         spec_groups: list[_SpecGroup] = []
+        drop_group_ids = config.drop_group_ids
         for group_id, manager in enumerate(self.managers):
-            for spec_group in spec_groups:
+            drops = group_id in drop_group_ids
+            for index, spec_group in enumerate(spec_groups):
                 if spec_group.spec == manager.spec:
                     spec_group.group_ids.append(group_id)
+                    if drops and not spec_group.drops:
+                        spec_groups[index] = attrs.evolve(spec_group, drops=True)
                     break
             else:
-                spec_groups.append(_SpecGroup(manager.spec, [group_id], type(manager)))
+                spec_groups.append(_SpecGroup(manager.spec, [group_id], type(manager), drops))
         # Full attention first: its left-to-right scan gives the tightest
         # first bound for the other types.
         spec_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
         self.spec_groups = tuple(spec_groups)
+        # A group drops if any group sharing its spec holds the drafter.
+        self.dropping_group_ids = frozenset(g for sg in self.spec_groups if sg.drops for g in sg.group_ids)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
         """The longest prefix every group accepts, found by a fixed-point iteration.
@@ -159,8 +172,9 @@ class HybridCoordinator(KVCacheCoordinator):
         trimmed.  With exactly one full-attention and one other spec group,
         one pass suffices.
 
-        With an EAGLE drafter (``use_eagle``) a group's lookup drops its last
-        matched block, and so looks one block past the candidate (never past
+        With an EAGLE drafter (``use_eagle``), the lookups of the groups that
+        hold its layers (and of groups sharing their spec) drop the last
+        matched block, and so look one block past the candidate (never past
         the hashed blocks) to find it.  A group that dropped is *verified*;
         it drops again at a lower candidate only after a lookup that did not
         drop lowered the candidate (a lowering by another group's own drop
@@ -180,7 +194,7 @@ class HybridCoordinator(KVCacheCoordinator):
                 if isinstance(spec_group.spec, FullAttentionSpec) and hit_blocks[first] is not None:
                     candidate = min(candidate, hit_lengths[first])
                     continue
-                drop = self.config.use_eagle and index not in verified
+                drop = spec_group.drops and index not in verified
                 lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if drop else candidate
                 blocks, found = spec_group.manager_class.find_longest_cache_hit(
                     block_hashes, lookup_length, spec_group.group_ids, self.pool, spec_group.spec, drop_last=drop
@@ -206,6 +220,16 @@ class HybridCoordinator(KVCacheCoordinator):
                     if trimmed is not None:
                         del trimmed[num_blocks:]
         return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length
+
+    def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
+        """A hybrid cache caches whole blocks; only a group that drops keeps the tokens a multi-module
+        drafter may prefill again out of the cache (with one more block: its lookups peek past the hit)."""
+        block_size = self.config.block_size
+        aligned = num_tokens // block_size * block_size
+        if group_id in self.dropping_group_ids and aligned > 0:
+            finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
+            return min(finalized, finalized // block_size * block_size + block_size)
+        return aligned
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:

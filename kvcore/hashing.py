@@ -46,15 +46,23 @@ def hash_block_tokens(
     parent_hash: BlockHash | None,
     token_ids: Sequence[int],
     extra_keys: ExtraKeys | None = None,
+    lookahead_token_ids: Sequence[int] = (),
 ) -> BlockHash:
-    """Hash one full block given its parent's hash (``None`` for the first block)."""
+    """Hash one full block given its parent's hash (``None`` for the first block).
+
+    ``lookahead_token_ids`` are the tokens right after the block that the
+    hash also covers (an EAGLE/MTP drafter's KV at the block's last position
+    depends on them)."""
     try:
         encoded = array("q", token_ids).tobytes()
+        lookahead = array("q", lookahead_token_ids).tobytes()
     except (OverflowError, TypeError) as exc:
         raise InvalidArgument("token_ids", list(token_ids), "must be 64-bit integers") from exc
     digest = hashlib.sha256(parent_hash or ROOT_HASH)
     digest.update(encoded)
     digest.update(_encode_extra_keys(extra_keys))
+    if lookahead:
+        digest.update(b"L" + lookahead)
     return digest.digest()
 
 
@@ -63,17 +71,22 @@ def hash_request_blocks(
     block_size: int,
     extra_keys: ExtraKeys | None = None,
     known: Sequence[BlockHash] = (),
+    num_lookahead_tokens: int = 0,
 ) -> list[BlockHash]:
     """The hashes of every full block of ``token_ids``.
 
     ``known`` are hashes already computed for the leading blocks; they are
-    kept and only the blocks after them are hashed.
+    kept and only the blocks after them are hashed.  With
+    ``num_lookahead_tokens`` (L) each hash also covers the L tokens after its
+    block, so a block is hashed only once those exist.
     """
     hashes = list(known)
     parent = hashes[-1] if hashes else None
     start = len(hashes) * block_size
-    while start + block_size <= len(token_ids):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size], extra_keys)
+    while start + block_size + num_lookahead_tokens <= len(token_ids):
+        end = start + block_size
+        lookahead = token_ids[end : end + num_lookahead_tokens]
+        parent = hash_block_tokens(parent, token_ids[start:end], extra_keys, lookahead)
         hashes.append(parent)
         start += block_size
     return hashes

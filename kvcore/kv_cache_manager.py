@@ -51,7 +51,9 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return tuple([] for _ in range(self.num_groups)), 0
-        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        # Nor past the hashed blocks (hashes that look ahead end before the tokens do).
+        max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.config.block_size)
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
 
     def allocate_slots(
         self,

@@ -14,7 +14,9 @@ class Request:
     ``all_token_ids`` is the prompt followed by the generated tokens.
     ``block_hashes`` holds the hash of every full block of ``all_token_ids``
     (at ``block_size`` granularity) and is kept up to date as tokens are
-    appended.  ``num_computed_tokens`` is advanced by the caller (the
+    appended; with ``num_hash_lookahead_tokens`` (L) each hash also covers
+    the L tokens after its block (the engine's lookahead block hashes for an
+    EAGLE/MTP drafter), and a block is hashed once those exist.  ``num_computed_tokens`` is advanced by the caller (the
     scheduler) once a step has computed its tokens, and reset to 0 on
     preemption.  Under async scheduling the scheduler advances it when a
     step is *scheduled*, and ``num_in_flight_tokens`` counts the tokens of
@@ -27,6 +29,7 @@ class Request:
         "request_id",
         "block_size",
         "extra_keys",
+        "num_hash_lookahead_tokens",
         "num_prompt_tokens",
         "all_token_ids",
         "block_hashes",
@@ -40,17 +43,23 @@ class Request:
         prompt_token_ids: Sequence[int],
         block_size: int,
         extra_keys: ExtraKeys | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise InvalidArgument("block_size", block_size, "must be an int >= 1")
+        if not isinstance(num_hash_lookahead_tokens, int) or num_hash_lookahead_tokens < 0:
+            raise InvalidArgument("num_hash_lookahead_tokens", num_hash_lookahead_tokens, "must be an int >= 0")
         if len(prompt_token_ids) == 0:
             raise InvalidArgument("prompt_token_ids", list(prompt_token_ids), "a prompt needs at least one token")
         self.request_id = request_id
         self.block_size = block_size
         self.extra_keys = extra_keys
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.num_prompt_tokens = len(prompt_token_ids)
         self.all_token_ids: list[int] = list(prompt_token_ids)
-        self.block_hashes: list[BlockHash] = hash_request_blocks(self.all_token_ids, block_size, extra_keys)
+        self.block_hashes: list[BlockHash] = hash_request_blocks(
+            self.all_token_ids, block_size, extra_keys, num_lookahead_tokens=num_hash_lookahead_tokens
+        )
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
 
@@ -68,9 +77,10 @@ class Request:
             self.all_token_ids.append(token_ids)
         else:
             self.all_token_ids.extend(token_ids)
-        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size:
+        lookahead = self.num_hash_lookahead_tokens
+        if len(self.all_token_ids) >= (len(self.block_hashes) + 1) * self.block_size + lookahead:
             self.block_hashes = hash_request_blocks(
-                self.all_token_ids, self.block_size, self.extra_keys, known=self.block_hashes
+                self.all_token_ids, self.block_size, self.extra_keys, self.block_hashes, lookahead
             )
 
     def __repr__(self) -> str:

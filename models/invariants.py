@@ -140,7 +140,7 @@ def free_queue_well_formed(check: StepCheck) -> None:
 
 def cache_map_consistent(check: StepCheck) -> None:
     """Every prefix-cache entry points to a block whose hash is that key, every hashed block is
-    in the map, and every key covers whole blocks.
+    in the map, and every key covers whole blocks (and the lookahead tokens hashes cover).
 
     Guards: a reused block keeping its stale hash; eviction that clears the
     block but not the map entry (or the reverse)."""
@@ -155,13 +155,15 @@ def cache_map_consistent(check: StepCheck) -> None:
             f"map entries without a matching block hash: {stale}; hashed blocks missing from the map: {missing}",
         )
     block_size = check.config.block_size
+    lookahead = check.config.num_hash_lookahead_tokens
     for group_id, prefix, block_id in sorted(from_map, key=repr):
-        if not prefix or len(prefix) % block_size:
+        if len(prefix) <= lookahead or (len(prefix) - lookahead) % block_size:
+            covered = f" and the {lookahead} tokens after them" if lookahead else ""
             _fail(
                 check,
                 "cache_map_consistent",
                 f"block {block_id} (group {group_id}) is cached under a "
-                f"{len(prefix)}-token prefix, not whole {block_size}-token blocks",
+                f"{len(prefix)}-token prefix, not whole {block_size}-token blocks{covered}",
             )
 
 

@@ -86,6 +86,9 @@ class ManagerModel:
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
         self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
+        # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
+        dropping_specs = {config.groups[g] for g in config.drop_group_ids}
+        self.dropping_group_ids = frozenset(g for g, spec in enumerate(config.groups) if spec in dropping_specs)
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -94,7 +97,14 @@ class ManagerModel:
         return self.pool.holders.setdefault((request_id, group_id), [])
 
     def prefix(self, request_id: str, block_position: int) -> tuple[int, ...]:
-        return tuple(self.requests[request_id].tokens[: (block_position + 1) * self.block_size])
+        """The block's cache key: the tokens up to its end, and the lookahead tokens its hash covers."""
+        end = (block_position + 1) * self.block_size + self.config.num_hash_lookahead_tokens
+        return tuple(self.requests[request_id].tokens[:end])
+
+    def num_hashed_blocks(self, request_id: str) -> int:
+        """Blocks the request has a hash for: full blocks followed by the lookahead tokens their hash covers."""
+        num_tokens = len(self.requests[request_id].tokens) - self.config.num_hash_lookahead_tokens
+        return max(0, num_tokens // self.block_size)
 
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
         """The longest block-aligned prefix, below the last token, that every group finds cached.
@@ -102,7 +112,8 @@ class ManagerModel:
         With an EAGLE drafter the hit is :meth:`eagle_hit_blocks` instead.
         The hit's blocks in each group are those its attention type needs
         before the boundary (null blocks elsewhere)."""
-        hit_blocks = self.eagle_hit_blocks(request_id) if self.config.use_eagle else self.plain_hit_blocks(request_id)
+        dropping = self.config.drop_group_ids
+        hit_blocks = self.eagle_hit_blocks(request_id) if dropping else self.plain_hit_blocks(request_id)
         found = []
         for group_id, group in enumerate(self.groups):
             needed = needed_positions(group, hit_blocks, self.block_size)
@@ -120,7 +131,7 @@ class ManagerModel:
         num_tokens = len(self.requests[request_id].tokens)
         return next(
             h
-            for h in range((num_tokens - 1) // self.block_size, -1, -1)
+            for h in range(min((num_tokens - 1) // self.block_size, self.num_hashed_blocks(request_id)), -1, -1)
             if all(self.accepts(request_id, g, h) for g in range(len(self.groups)))
         )
 
@@ -150,10 +161,11 @@ class ManagerModel:
         capped_blocks = (num_tokens - 1) // self.block_size
         if len(self.groups) == 1:
             return self._longest_accepted(request_id, [0], capped_blocks, peek=True)
-        full_blocks = num_tokens // self.block_size
+        full_blocks = self.num_hashed_blocks(request_id)
         spec_groups: dict[GroupSpec, list[int]] = {}
         for group_id, group in enumerate(self.groups):
             spec_groups.setdefault(group, []).append(group_id)
+        dropping_specs = {self.groups[g] for g in self.dropping_group_ids}
         order = sorted(spec_groups.items(), key=lambda item: item[0].kind != "full")
         one_pass = len(order) == 2 and order[0][0].kind == "full"
         full_hits: dict[GroupSpec, int] = {}
@@ -166,7 +178,7 @@ class ManagerModel:
                 if spec in full_hits:
                     current = min(current, full_hits[spec] * self.block_size)
                     continue
-                drop = spec not in verified
+                drop = spec in dropping_specs and spec not in verified
                 limit = min(current // self.block_size + 1, full_blocks) if drop else current // self.block_size
                 found = self._longest_accepted(request_id, group_ids, limit, peek=drop) * self.block_size
                 if drop:
@@ -375,9 +387,25 @@ class ManagerModel:
             table[position] = NULL
         self.pool.release(released)
 
+    def _cacheable_blocks(self, rid: str, group_id: int, num_tokens: int) -> int:
+        """How many of the request's blocks group ``group_id`` caches once ``num_tokens`` are computed.
+
+        Never a block without a hash, nor (with one group, or in a group that
+        drops) the last tokens a multi-module drafter may prefill again; a
+        hybrid cache caches whole blocks, and a group that drops one block
+        more than the finalized ones (its lookups peek past the hit)."""
+        block_size = self.block_size
+        reprefillable = self.config.num_reprefillable_tokens
+        if len(self.groups) == 1:
+            num_tokens = max(0, num_tokens - reprefillable)
+        elif group_id in self.dropping_group_ids and num_tokens >= block_size:
+            finalized = max(0, num_tokens - reprefillable)
+            num_tokens = min(finalized, finalized // block_size * block_size + block_size)
+        return min(num_tokens // block_size, self.num_hashed_blocks(rid))
+
     def _cache_full_blocks(self, rid: str, num_tokens: int) -> None:
-        num_full = min(num_tokens, len(self.requests[rid].tokens)) // self.block_size
         for group_id in range(len(self.groups)):
+            num_full = self._cacheable_blocks(rid, group_id, num_tokens)
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
             for position in range(start, num_full):

@@ -25,7 +25,12 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
             assert group.window is not None
             specs.append(kvcore.ChunkedLocalAttentionSpec(config.block_size, group.window))
     return kvcore.KVCacheConfig(
-        config.num_blocks, specs, enable_caching=config.enable_caching, use_eagle=config.use_eagle
+        config.num_blocks,
+        specs,
+        enable_caching=config.enable_caching,
+        use_eagle=config.use_eagle,
+        eagle_group_ids=config.eagle_group_ids,
+        num_prefill_lookahead=config.num_prefill_lookahead,
     )
 
 
@@ -47,7 +52,9 @@ class KvcoreTarget(SchedulerDrivenTarget):
         self.manager = manager_factory(to_kvcore_config(config))
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> kvcore.Request:
-        return kvcore.Request(request_id, prompt, self.config.block_size)
+        return kvcore.Request(
+            request_id, prompt, self.config.block_size, num_hash_lookahead_tokens=self.config.num_hash_lookahead_tokens
+        )
 
     def _get_computed_blocks(self, request: kvcore.Request) -> tuple[Any, int]:
         return self.manager.get_computed_blocks(request)

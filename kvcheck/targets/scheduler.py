@@ -312,7 +312,8 @@ class SchedulerDrivenTarget:
         tokens = request.all_token_ids
         hashes = request.block_hashes
         for index in range(self._hashes_learned[request_id], len(hashes)):
-            self._prefix_of_hash.setdefault(hashes[index], tuple(tokens[: (index + 1) * block_size]))
+            end = (index + 1) * block_size + self.config.num_hash_lookahead_tokens
+            self._prefix_of_hash.setdefault(hashes[index], tuple(tokens[:end]))
         self._hashes_learned[request_id] = len(hashes)
 
     def _holding_request_ids(self) -> list[str]:

