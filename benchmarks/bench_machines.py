@@ -1,7 +1,10 @@
-"""Steps per second of the state machines, with every invariant checked and with checks off.
+"""Steps per second of the manager machine and the swarm driver: checks on and off, drafter and async
+features on and off.
 
-Both runs of a machine draw the same derandomized examples, so the ratio
-is the cost of the checks alone.  Usage, from the repository root:
+The runs of a driver with checks on and off draw the same derandomized
+examples, so that ratio is the cost of the checks alone.  With the features
+off the same configurations are drawn without a drafter, lookahead or async
+scheduling.  Usage, from the repository root:
 
     python benchmarks/bench_machines.py [--examples N] [--steps N]
 """
@@ -37,9 +40,9 @@ def count_steps() -> list[int]:
     return counter
 
 
-def run(check: bool, examples: int, steps: int, counter: list[int]) -> tuple[int, float]:
+def run(check: bool, features: bool, examples: int, steps: int, counter: list[int]) -> tuple[int, float]:
     counter[0] = 0
-    machine = manager_machine(load_target("kvcore"), None, check)
+    machine = manager_machine(load_target("kvcore"), None, check, features)
     run_settings = settings(
         max_examples=examples,
         stateful_step_count=steps,
@@ -53,6 +56,21 @@ def run(check: bool, examples: int, steps: int, counter: list[int]) -> tuple[int
     return counter[0], time.perf_counter() - start
 
 
+MODES = ((True, True), (False, True), (True, False), (False, False))
+"""(checked, drafter and async features) pairs, in the order they are printed."""
+
+
+def print_table(title: str, best: dict[tuple[bool, bool], float]) -> None:
+    print(title)
+    print(f"  {'':28} {'features on':>12} {'features off':>13}")
+    for check, name in ((True, "all invariants checked"), (False, "checks off")):
+        print(f"  {name:28} {best[(check, True)]:12,.0f} {best[(check, False)]:13,.0f}  steps/s")
+    print(
+        f"  {'checked / unchecked':28} {best[(True, True)] / best[(False, True)]:12.2f} "
+        f"{best[(True, False)] / best[(False, False)]:13.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300)
@@ -60,24 +78,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     counter = count_steps()
-    best: dict[bool, float] = {}
+    best: dict[tuple[bool, bool], float] = {}
     for _ in range(args.repeats):
-        for check in (True, False):
-            n_steps, seconds = run(check, args.examples, args.steps, counter)
-            best[check] = max(best.get(check, 0.0), n_steps / seconds)
-    print(f"manager machine, kvcore, {args.examples} examples x <= {args.steps} steps, best of {args.repeats}")
-    print(f"  all invariants checked: {best[True]:10,.0f} steps/s")
-    print(f"  checks off:             {best[False]:10,.0f} steps/s")
-    print(f"  checked / unchecked:    {best[True] / best[False]:10.2f}")
-    swarm_best: dict[bool, float] = {}
+        for check, features in MODES:
+            n_steps, seconds = run(check, features, args.examples, args.steps, counter)
+            best[(check, features)] = max(best.get((check, features), 0.0), n_steps / seconds)
+    print_table(
+        f"manager machine, kvcore, {args.examples} examples x <= {args.steps} steps, best of {args.repeats}", best
+    )
+    swarm_best: dict[tuple[bool, bool], float] = {}
     for _ in range(args.repeats):
-        for check in (True, False):
-            report = swarm(load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check)
-            swarm_best[check] = max(swarm_best.get(check, 0.0), report.steps / report.seconds)
-    print(f"swarm driver, kvcore, {args.examples} runs x {args.steps} steps, best of {args.repeats}")
-    print(f"  all invariants checked: {swarm_best[True]:10,.0f} steps/s")
-    print(f"  checks off:             {swarm_best[False]:10,.0f} steps/s")
-    print(f"  checked / unchecked:    {swarm_best[True] / swarm_best[False]:10.2f}")
+        for check, features in MODES:
+            report = swarm(
+                load_target("kvcore"),
+                seed=0,
+                max_runs=args.examples,
+                steps_per_run=args.steps,
+                check=check,
+                drafter_and_async=features,
+            )
+            swarm_best[(check, features)] = max(swarm_best.get((check, features), 0.0), report.steps / report.seconds)
+    print_table(f"swarm driver, kvcore, {args.examples} runs x {args.steps} steps, best of {args.repeats}", swarm_best)
 
 
 if __name__ == "__main__":

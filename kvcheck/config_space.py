@@ -42,10 +42,16 @@ def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
 
 
 def random_config(
-    rng: random.Random, num_groups: int | None = None, full_pool: bool = False, caching: bool | None = None
+    rng: random.Random,
+    num_groups: int | None = None,
+    full_pool: bool = False,
+    caching: bool | None = None,
+    drafter_and_async: bool = True,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
-    makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off."""
+    makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
+    Without ``drafter_and_async`` the same draws serve a plain model scheduled step by step (no
+    drafter, lookahead or async scheduling), to measure what those features cost."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if count > 1 and rng.random() < 0.5:
@@ -91,6 +97,8 @@ def random_config(
         # vLLM refuses a drafter's prefill lookahead longer than a block.
         prefill_lookahead = min(prefill_lookahead, block_size)
         hash_lookahead = min(hash_lookahead, block_size)
+    if not drafter_and_async:
+        return TargetConfig(num_blocks, block_size, groups, enable_caching)
     return TargetConfig(
         num_blocks,
         block_size,

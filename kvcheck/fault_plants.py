@@ -469,3 +469,17 @@ def load_cached_before_it_lands(allocate_slots: Any) -> Any:
 
 def plant_delayed_load_cached_at_allocation(manager: kvcore.KVCacheManager) -> None:
     manager.allocate_slots = load_cached_before_it_lands(manager.allocate_slots)  # type: ignore[method-assign]
+
+
+# -- a drafter's prefill lookahead ------------------------------------------------
+
+
+def cacheable_counts_reprefillable_tokens(num_tokens: int, group_id: int) -> int:
+    """The cacheable count of a coordinator that takes every computed token as final."""
+    # The bug: the last num_prefill_lookahead - 1 tokens, which a multi-module
+    # drafter may prefill again (rewriting their KV), are not held back.
+    return num_tokens
+
+
+def plant_reprefillable_tokens_cached(manager: kvcore.KVCacheManager) -> None:
+    manager.coordinator.num_cacheable_tokens = cacheable_counts_reprefillable_tokens  # type: ignore[method-assign]

@@ -115,6 +115,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_spec_output_caches_one_token_short,
         ),
         Fault(
+            "reprefillable-tokens-cached",
+            "cache_blocks takes every computed token as final: the block holding the last tokens a multi-module "
+            "drafter may prefill again is published",
+            plants.plant_reprefillable_tokens_cached,
+        ),
+        Fault(
             "window-slides-on-scheduled-tokens",
             "allocate_slots releases local-attention (sliding-window, chunked) blocks on the scheduled token "
             "count, not the processed one: a block a step still in flight reads goes back to the pool",

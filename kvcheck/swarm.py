@@ -147,14 +147,18 @@ def swarm(
     max_seconds: float | None = None,
     num_groups: int | None = None,
     check: bool = True,
+    drafter_and_async: bool = True,
 ) -> SwarmReport:
-    """Run random operation sequences until one breaks an invariant or the budget is spent."""
+    """Run random operation sequences until one breaks an invariant or the budget is spent.
+
+    ``check`` off skips the invariants and ``drafter_and_async`` off draws configurations without a
+    drafter, lookahead or async scheduling (see :func:`~kvcheck.config_space.random_config`)."""
     rng = random.Random(seed)
     report = SwarmReport()
     start = time.perf_counter()
     while report.runs < max_runs and (max_seconds is None or time.perf_counter() - start < max_seconds):
         report.runs += 1
-        config = random_config(rng, num_groups)
+        config = random_config(rng, num_groups, drafter_and_async=drafter_and_async)
         lockstep = Lockstep(make_target, config, check=check)
         run = _Run(rng, lockstep)
         try:

@@ -10,6 +10,7 @@ from typing import Any
 
 from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
+    cacheable_counts_reprefillable_tokens,
     load_cached_before_it_lands,
     popped_in_eviction_order,
     release_with_and_condition,
@@ -98,6 +99,10 @@ def _eagle_window_without_extra_block(manager: Any) -> None:
         ]
 
 
+def _reprefillable_tokens_cached(manager: Any) -> None:
+    manager.coordinator.get_num_cacheable_tokens = cacheable_counts_reprefillable_tokens
+
+
 def _window_slides_on_scheduled_tokens(manager: Any) -> None:
     manager.allocate_slots = window_slides_on_scheduled_tokens(manager.allocate_slots)
 
@@ -139,6 +144,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "eagle-window-without-extra-block",
             "vLLM SlidingWindowManager dropping an EAGLE hit's last block from a run without the extra block",
             _eagle_window_without_extra_block,
+        ),
+        Fault(
+            "reprefillable-tokens-cached",
+            "vLLM's coordinator counting every computed token as cacheable, the re-prefillable ones too",
+            _reprefillable_tokens_cached,
         ),
         Fault(
             "window-slides-on-scheduled-tokens",

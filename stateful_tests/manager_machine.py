@@ -28,13 +28,14 @@ from stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, 
 
 
 def manager_machine(
-    make_target: TargetFactory, num_groups: int | None = None, check: bool = True
+    make_target: TargetFactory, num_groups: int | None = None, check: bool = True, drafter_and_async: bool = True
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving ``make_target`` and the model in lockstep.
 
     The configuration is drawn once per run (``num_groups`` fixes the group
-    count).  With ``check`` off the invariants are skipped, for measuring
-    what they cost.
+    count).  With ``check`` off the invariants are skipped, and without
+    ``drafter_and_async`` no configuration has a drafter, lookahead or async
+    scheduling: both for measuring what they cost.
     """
 
     class ManagerMachine(RuleBasedStateMachine):
@@ -73,7 +74,8 @@ def manager_machine(
             connector."""
             # A warm pool is mostly one of cached blocks: caching is on in two warm starts in three.
             caching = data.draw(st.sampled_from((None, True)), label="caching") if warm_start else None
-            config = data.draw(target_configs(num_groups, full_pool=warm_start, caching=caching), label="config")
+            configs = target_configs(num_groups, warm_start, caching, drafter_and_async)
+            config = data.draw(configs, label="config")
             note(f"config: {config.describe()}")
             self.lockstep = Lockstep(make_target, config, check=check)
             per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size

@@ -15,7 +15,7 @@ TOKEN_ALPHABET = 3
 
 
 def target_configs(
-    num_groups: int | None = None, full_pool: bool = False, caching: bool | None = None
+    num_groups: int | None = None, full_pool: bool = False, caching: bool | None = None, drafter_and_async: bool = True
 ) -> st.SearchStrategy[TargetConfig]:
     """Configurations of :func:`kvcheck.config_space.random_config`, drawn from a seed.
 
@@ -25,7 +25,7 @@ def target_configs(
     by kvcheck's trace shrinker, which simplifies groups, pool and windows.
     """
     return st.integers(0, 2**32 - 1).map(
-        lambda seed: random_config(random.Random(seed), num_groups, full_pool, caching)
+        lambda seed: random_config(random.Random(seed), num_groups, full_pool, caching, drafter_and_async)
     )
 
 

@@ -136,6 +136,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), SpecDecode("r0", 3, 3)],
         "cache_matches_model",
     ),
+    # A 2-module drafter may prefill r0's last token again: of its 4 tokens (2 blocks of 2) only
+    # the first block is final, and only it may be cached.
+    "reprefillable-tokens-cached": (
+        TargetConfig(6, 2, (FULL,), True, use_eagle=True, num_prefill_lookahead=2),
+        [AddRequest("r0", (0, 1, 2, 3)), Schedule("r0", 4)],
+        "cache_matches_model",
+    ),
     # Async steps, a window of 2 one-token blocks: r0's 3-token step is in flight when its next token
     # is scheduled. Processed, nothing has left the window; on the scheduled count blocks 1 and 2
     # have, and go back to the pool while the step in flight reads them.
