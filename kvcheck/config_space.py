@@ -5,7 +5,8 @@ kinds.  One-token blocks are common: every computed block is then full and
 cached, so the free queue fills with cached blocks, where reuse-order bugs
 show.  Half the multi-group configurations are laid out like shipped hybrid
 models (Gemma 3, Llama 4): full attention first, then local layers whose
-short windows drop blocks early, so a prefix hit leaves some of each local
+short windows drop blocks early (in half of those, several local groups of
+one spec, as vLLM splits Gemma 3's sliding-window layers), so a prefix hit leaves some of each local
 group's blocks in the free queue.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
@@ -55,7 +56,12 @@ def random_config(
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if count > 1 and rng.random() < 0.5:
-        groups = (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1)))
+        if rng.random() < 0.5:
+            # Gemma 3 style: vLLM splits the many local layers into several
+            # groups of one spec, looked up together.
+            groups = (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1))
+        else:
+            groups = (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1)))
     else:
         groups = tuple(_any_group(rng, block_size) for _ in range(count))
     even_split = 1 + count * rng.randint(max(1, 3 // count), max(1, 31 // count))

@@ -151,6 +151,19 @@ def manager_machine(
             """The oldest step in flight returns its output (async scheduling)."""
             self._step(ProcessOutput())
 
+        @precondition(lambda self: bool(self.lockstep.model.pipeline.steps))
+        @rule(data=st.data(), num_new_tokens=st.integers(1, 8), sampled_token=tokens)
+        def schedule_ahead(self, data: st.DataObject, num_new_tokens: int, sampled_token: int) -> None:
+            """The async scheduler runs a step ahead: a request with a step in flight is scheduled
+            again before that step's output returns (its window must still cover that step)."""
+            model = self.lockstep.model
+            in_flight = sorted(
+                {s.request_id for s in model.pipeline.steps if s.request is model.requests.get(s.request_id)}
+            )
+            if in_flight:
+                request_id = data.draw(st.sampled_from(in_flight), label="request")
+                self._step(Schedule(request_id, num_new_tokens, 0, sampled_token))
+
         @rule(request_id=requests, num_external_tokens=st.integers(1, 8))
         def start_async_load(self, request_id: str, num_external_tokens: int) -> None:
             """A KV connector starts loading part of a waiting request's prompt asynchronously."""

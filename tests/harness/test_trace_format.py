@@ -552,6 +552,13 @@ def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
         "config.groups": (config["groups"]["maxItems"], limits.MAX_GROUPS),
         "window": (config["groups"]["items"]["properties"]["window"]["maximum"], limits.MAX_WINDOW_TOKENS),
         "config.num_lookahead_tokens": (config["num_lookahead_tokens"]["maximum"], limits.MAX_LOOKAHEAD_TOKENS),
+        "config.num_hash_lookahead_tokens": (
+            config["num_hash_lookahead_tokens"]["maximum"],
+            limits.MAX_LOOKAHEAD_TOKENS,
+        ),
+        "config.num_prefill_lookahead": (config["num_prefill_lookahead"]["maximum"], limits.MAX_LOOKAHEAD_TOKENS),
+        "config.eagle_group_ids": (config["eagle_group_ids"]["maxItems"], limits.MAX_GROUPS),
+        "config.eagle_group_ids[i]": (config["eagle_group_ids"]["items"]["maximum"], limits.MAX_GROUPS - 1),
         "ops": (SCHEMA["properties"]["ops"]["maxItems"], limits.MAX_OPS),
         "prompt": (add["prompt"]["maxItems"], limits.MAX_PROMPT_TOKENS),
         "prompt[i]": (add["prompt"]["items"]["maximum"], limits.MAX_TOKEN_ID),
@@ -711,4 +718,50 @@ def test_num_lookahead_tokens_round_trips_and_is_refused_above_its_limit(tmp_pat
     with pytest.raises(
         TraceError, match=rf"config.num_lookahead_tokens'.*above the limit of {limits.MAX_LOOKAHEAD_TOKENS}"
     ):
+        load_trace(path)
+
+
+def test_drafter_and_async_fields_round_trip() -> None:
+    """Drafter groups, hash and prefill lookahead, async scheduling and deferred frees are written
+    when set and load back equal."""
+    config = TargetConfig(
+        8,
+        2,
+        (GroupSpec("full"), GroupSpec("sliding_window", 3)),
+        True,
+        num_lookahead_tokens=2,
+        async_scheduling=True,
+        defer_block_free=True,
+        num_hash_lookahead_tokens=1,
+        num_prefill_lookahead=1,
+        eagle_group_ids=(0,),
+    )
+    assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
+    plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
+    assert set(plain) == {"num_blocks", "block_size", "enable_caching", "groups"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"defer_block_free": True}, "config.defer_block_free", "needs async_scheduling"),
+        ({"eagle_group_ids": [2]}, r"config.eagle_group_ids\[0\]", "must name one of the 2 groups, got 2"),
+        ({"eagle_group_ids": [0, 0]}, "config.eagle_group_ids", "names a group twice"),
+        ({"eagle_group_ids": 0}, "config.eagle_group_ids", "expected a list of group indices, got 0"),
+        ({"use_eagle": True, "num_hash_lookahead_tokens": 1}, "config.num_hash_lookahead_tokens", "replace the EAGLE"),
+        ({"use_eagle": True, "num_prefill_lookahead": 3}, "config.num_prefill_lookahead", "above block_size=2"),
+        ({"num_prefill_lookahead": 65}, "config.num_prefill_lookahead", "above the limit of 64"),
+        ({"async_scheduling": 1}, "config.async_scheduling", "must be true or false"),
+    ],
+)
+def test_a_bad_drafter_or_async_field_is_refused_by_name(
+    tmp_path: Path, changes: dict[str, object], field: str, message: str
+) -> None:
+    document = json.loads(
+        Trace(TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True), ()).dumps()
+    )
+    document["config"].update(changes)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(TraceError, match=rf"field '{field}'.*{message}"):
         load_trace(path)

@@ -97,6 +97,7 @@ def test_seed_fault_planted_into_vllm_fails_its_corpus_trace_as_tagged(fault: st
 
 
 def test_kvcore_and_vllm_agree_step_by_step() -> None:
-    """The differential target (kvcore+vllm) sees identical results and states over 200 random runs."""
-    report = swarm(load_target("kvcore+vllm"), seed=1, max_runs=200)
+    """The differential target (kvcore+vllm) sees identical results and states over 2,000 random runs
+    (some ten seconds), every drafter, lookahead and async feature drawn."""
+    report = swarm(load_target("kvcore+vllm"), seed=1, max_runs=2000)
     assert report.failure is None, str(report.failure.violation)
