@@ -64,6 +64,21 @@ class GroupSpec:
                 field, f"an attention chunk must be a positive multiple of block_size={block_size}, got {self.window}"
             )
 
+    def first_attended_token(self, num_computed_tokens: int) -> int:
+        """The first token that the token after ``num_computed_tokens`` computed ones attends to.
+
+        A sliding window of ``W`` tokens reaches back ``W - 1`` tokens; chunked
+        local attention to the start of the token's chunk; full attention to
+        token 0.  Every token before it is skipped: no later token reads it.
+        """
+        if self.kind == "sliding_window":
+            assert self.window is not None
+            return max(0, num_computed_tokens - self.window + 1)
+        if self.kind == "chunked_local":
+            assert self.window is not None
+            return (num_computed_tokens // self.window) * self.window
+        return 0
+
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind} if self.window is None else {"kind": self.kind, "window": self.window}
 

@@ -39,29 +39,13 @@ MAX_STEPS_IN_FLIGHT = 2
 is scheduled only once the oldest output is processed."""
 
 
-def first_read_token(group: GroupSpec, num_computed_tokens: int) -> int:
-    """The first token a step starting at ``num_computed_tokens`` attends to in ``group``.
-
-    A sliding window of ``W`` tokens reaches back ``W - 1`` tokens from the
-    step's first token; chunked local attention to the start of that token's
-    chunk; full attention to token 0.
-    """
-    if group.kind == "sliding_window":
-        assert group.window is not None
-        return max(0, num_computed_tokens - group.window + 1)
-    if group.kind == "chunked_local":
-        assert group.window is not None
-        return (num_computed_tokens // group.window) * group.window
-    return 0
-
-
 def read_positions(
     groups: tuple[GroupSpec, ...], block_size: int, num_computed_tokens: int, num_new_tokens: int
 ) -> GroupPositions:
     """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
     ``num_computed_tokens`` reads or writes."""
     end = -(-(num_computed_tokens + num_new_tokens) // block_size)
-    return tuple(range(first_read_token(g, num_computed_tokens) // block_size, end) for g in groups)
+    return tuple(range(g.first_attended_token(num_computed_tokens) // block_size, end) for g in groups)
 
 
 @attrs.define(eq=False)

@@ -33,13 +33,7 @@ def ceil_div(n_tokens: int, block_size: int) -> int:
 
 def skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
     """Leading tokens that no future token attends to once ``num_computed_tokens`` are computed."""
-    if group.kind == "sliding_window":
-        assert group.window is not None
-        return max(0, num_computed_tokens - group.window + 1)
-    if group.kind == "chunked_local":
-        assert group.window is not None
-        return (num_computed_tokens // group.window) * group.window
-    return 0
+    return group.first_attended_token(num_computed_tokens)
 
 
 def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> range:

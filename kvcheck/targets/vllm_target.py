@@ -8,9 +8,10 @@ venv that can import it.
 
 The construction helpers (:func:`make_manager`, :func:`make_block_pool`,
 :func:`make_request`) build what vLLM's engine builds for one model: one
-``KVCacheGroupSpec`` per group over one shared pool, block hashes chained
-with vLLM's default hash (``sha256``) at the block size, and no speculative
-decoding, context parallelism, connector, or watermark.  They are shared with
+``KVCacheGroupSpec`` per group over one shared pool (the drafter's groups
+flagged), block hashes chained with vLLM's default hash (``sha256``) at the
+block size by the engine's own hasher (looking ahead as configured), and no
+context parallelism, connector, or watermark.  They are shared with
 ``benchmarks/bench_allocators.py``.
 """
 

@@ -11,7 +11,9 @@ from kvcheck.replay import replay, resolve_target
 BUDGET = KillBudget()
 SEED_FAULT_MAX_STEPS = {"fifo-reuse-when-caching-off": 4, "interleaved-external-alloc": 8}
 """The swarm driver has no warm start: its seed-003 repro builds the warm pool from two requests
-(8 steps from the fixed seeds); the manager machine's, from a warm start, is 4 steps."""
+(7 steps from the fixed seeds); the manager machine's, from a warm start, is 4 steps."""
+MAX_SHRUNK_STEPS = 8
+"""Every fault's swarm repro, once shrunk, is at most this long."""
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +26,12 @@ def test_every_catalogued_fault_is_killed(name: str, results: dict[str, KillResu
     """Within the fixed budget the driver breaks an invariant with the fault planted."""
     result = results[name]
     assert result.killed, f"{name} survived {len(BUDGET.seeds)} seeds x {BUDGET.runs_per_seed} runs"
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_every_fault_shrinks_to_at_most_eight_steps(name: str, results: dict[str, KillResult]) -> None:
+    result = results[name]
+    assert result.shrunk_steps is not None and result.shrunk_steps <= MAX_SHRUNK_STEPS, result
 
 
 @pytest.mark.parametrize("name", list(SEED_FAULT_MAX_STEPS))
