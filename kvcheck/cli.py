@@ -1,4 +1,4 @@
-"""The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix.
+"""The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix, explore.
 
 Exit codes: 0 success, 1 an invariant was violated (or a fault survived),
 2 bad input (a malformed trace, an unknown target or fault, a value above its
@@ -18,6 +18,9 @@ from pathlib import Path
 from kvcheck.limits import MAX_GROUPS, MAX_KILL_MATRIX_SEEDS, MAX_SEED, MAX_SWARM_RUNS, above
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
+
+LAYOUT_NAMES = ("full", "window", "chunked", "full+window", "full+chunked")
+FEATURE_NAMES = "plain, eagle, lookahead, spec, hash-lookahead, prefill-lookahead, async, deferred"
 
 TARGET_HELP = (
     "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
@@ -250,6 +253,117 @@ def cmd_kill_matrix(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+MAX_EXPLORE_DEPTH = 12
+MAX_EXPLORE_BLOCKS = 32
+MAX_EXPLORE_REQUESTS = 6
+MAX_EXPLORE_ALPHABET = 4
+
+
+def _int_list(text: str, option: str, minimum: int, maximum: int) -> tuple[int, ...] | str:
+    """Comma-separated integers within [minimum, maximum], or the refusal naming the option and value."""
+    try:
+        values = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        return f"{option}: expected comma-separated integers, got {text!r}"
+    refusal = _out_of_range([(option, value, minimum, maximum) for value in values])
+    return refusal if refusal is not None else values
+
+
+def _explore_scope(args: argparse.Namespace) -> object:
+    """The scope the options ask for (a named scope with overrides), or a refusal string."""
+    import attrs
+
+    from kvcheck.explore import FEATURES, LAYOUTS, SCOPES
+
+    if args.scope not in SCOPES:
+        return f"--scope: unknown scope {args.scope!r} (known: {', '.join(SCOPES)})"
+    refusal = _out_of_range(
+        [
+            ("--depth", args.depth, 1, MAX_EXPLORE_DEPTH),
+            ("--blocks", args.blocks, 1, MAX_EXPLORE_BLOCKS),
+            ("--max-requests", args.max_requests, 1, MAX_EXPLORE_REQUESTS),
+            ("--alphabet", args.alphabet, 1, MAX_EXPLORE_ALPHABET),
+        ]
+    )
+    if refusal is not None:
+        return refusal
+    scope = SCOPES[args.scope]
+    changes: dict[str, object] = {}
+    for option, field in (("depth", "depth"), ("max_requests", "max_requests"), ("alphabet", "alphabet")):
+        if getattr(args, option) is not None:
+            changes[field] = getattr(args, option)
+    if args.blocks is not None:
+        changes["num_blocks"] = args.blocks + 1
+    for option, field, maximum in (
+        ("block_sizes", "block_sizes", 4),
+        ("schedule_sizes", "schedule_sizes", 8),
+        ("prompt_lengths", "prompt_lengths", 6),
+    ):
+        text = getattr(args, option)
+        if text is not None:
+            values = _int_list(text, "--" + option.replace("_", "-"), 1, maximum)
+            if isinstance(values, str):
+                return values
+            changes[field] = values
+    for option, field, known in (("layouts", "layouts", tuple(LAYOUTS)), ("features", "features", FEATURES)):
+        text = getattr(args, option)
+        if text is not None:
+            names = tuple(text.split(","))
+            unknown = [name for name in names if name not in known]
+            if unknown:
+                return f"--{option}: unknown {', '.join(map(repr, unknown))} (known: {', '.join(known)})"
+            changes[field] = names
+    if args.caching is not None:
+        if args.caching not in ("on", "off", "both"):
+            return f"--caching: expected on, off or both, got {args.caching!r}"
+        changes["caching"] = {"on": (True,), "off": (False,), "both": (True, False)}[args.caching]
+    return attrs.evolve(scope, **changes)
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    from kvcheck.explore import Scope, explore
+    from kvcheck.replay import resolve_target
+    from kvcheck.repro import failing_trace, write_repro
+
+    scope = _explore_scope(args)
+    if isinstance(scope, str):
+        return _bad_input(scope)
+    assert isinstance(scope, Scope)
+    try:
+        make_target = resolve_target(args.target, args.fault)
+    except ValueError as exc:
+        return _bad_input(str(exc))
+    fault = f", fault {args.fault}" if args.fault else ""
+    print(f"kvcheck explore: target {args.target}{fault}, scope {args.scope}: {scope.describe()}")
+    print(f"  {len(scope.configs())} configurations")
+
+    def progress(stats: object) -> None:
+        print(f"  depth {stats.depth}: {stats.explored:,} operations applied, {stats.frontier:,} new states")  # type: ignore[attr-defined]
+
+    report = explore(make_target, scope, max_seconds=args.seconds, progress=progress)
+    print(
+        f"  {report.explored:,} states explored, {report.distinct:,} distinct, "
+        f"{report.states_per_second:,.0f} states/s, {report.seconds:.1f} s"
+    )
+    if report.failure is not None:
+        failure = report.failure
+        violation = failure.violation
+        print(f"shortest counterexample ({len(failure.ops)} steps), {failure.config.describe()}:")
+        print(f"  {violation}".replace("\n", "\n  "))
+        origin = f"kvcheck explore --scope {args.scope} on {args.target}"
+        trace = failing_trace(failure.config, list(failure.ops), violation, args.fault, origin)
+        json_path, py_path = write_repro(trace, Path(args.repros), f"explore-{violation.invariant}", args.target)
+        print(f"  trace: {json_path}\n  test:  {py_path}")
+        print(f"  replay: kvcheck replay {json_path}" + (f" --fault {args.fault}" if args.fault else ""))
+        return EXIT_VIOLATION
+    if not report.exhausted:
+        reached = len(report.depths)
+        print(f"stopped after {args.seconds} s at depth {reached}: the scope was not exhausted")
+        return EXIT_OK
+    print(f"scope exhausted at depth {scope.depth}: no violation")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -303,6 +417,27 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--json", default="kill-matrix.json", help="where to write the results as JSON")
     matrix.add_argument("--traces", default="repros/kill-matrix", help="where to write the shrunk traces")
     matrix.set_defaults(func=cmd_kill_matrix)
+
+    explore = commands.add_parser(
+        "explore", help="try every operation sequence of a small scope up to a depth, breadth first"
+    )
+    target_options(explore)
+    explore.add_argument("--scope", default="ci", help="named scope to start from: ci (default) or standard")
+    explore.add_argument("--depth", type=int, default=None, help=f"operations per sequence (1 to {MAX_EXPLORE_DEPTH})")
+    explore.add_argument("--blocks", type=int, default=None, help="usable blocks in the pool (besides the null block)")
+    explore.add_argument("--block-sizes", default=None, help="comma-separated block sizes, e.g. 1,2")
+    explore.add_argument("--layouts", default=None, help="comma-separated group layouts: " + ", ".join(LAYOUT_NAMES))
+    explore.add_argument("--caching", default=None, help="on, off or both")
+    explore.add_argument("--features", default=None, help="comma-separated drafter/async features: " + FEATURE_NAMES)
+    explore.add_argument("--alphabet", type=int, default=None, help="token ids in prompts (0 to N-1)")
+    explore.add_argument("--prompt-lengths", default=None, help="comma-separated prompt lengths, e.g. 1,2,3")
+    explore.add_argument("--max-requests", type=int, default=None, help="live requests at most")
+    explore.add_argument("--schedule-sizes", default=None, help="comma-separated tokens per schedule, e.g. 1,2")
+    explore.add_argument(
+        "--seconds", type=float, default=None, help="stop after this long (the scope is then not exhausted)"
+    )
+    explore.add_argument("--repros", default="repros", help="where a counterexample's trace and test are written")
+    explore.set_defaults(func=cmd_explore)
     return parser
 
 
