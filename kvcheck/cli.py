@@ -283,13 +283,19 @@ def _explore_scope(args: argparse.Namespace) -> object:
             ("--blocks", args.blocks, 1, MAX_EXPLORE_BLOCKS),
             ("--max-requests", args.max_requests, 1, MAX_EXPLORE_REQUESTS),
             ("--alphabet", args.alphabet, 1, MAX_EXPLORE_ALPHABET),
+            ("--reach", args.reach, 1, MAX_EXPLORE_BLOCKS),
         ]
     )
     if refusal is not None:
         return refusal
     scope = SCOPES[args.scope]
     changes: dict[str, object] = {}
-    for option, field in (("depth", "depth"), ("max_requests", "max_requests"), ("alphabet", "alphabet")):
+    for option, field in (
+        ("depth", "depth"),
+        ("max_requests", "max_requests"),
+        ("alphabet", "alphabet"),
+        ("reach", "reach"),
+    ):
         if getattr(args, option) is not None:
             changes[field] = getattr(args, option)
     if args.blocks is not None:
@@ -297,7 +303,7 @@ def _explore_scope(args: argparse.Namespace) -> object:
     for option, field, maximum in (
         ("block_sizes", "block_sizes", 4),
         ("schedule_sizes", "schedule_sizes", 8),
-        ("prompt_lengths", "prompt_lengths", 6),
+        ("prompt_lengths", "prompt_lengths", 16),
     ):
         text = getattr(args, option)
         if text is not None:
@@ -430,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--caching", default=None, help="on, off or both")
     explore.add_argument("--features", default=None, help="comma-separated drafter/async features: " + FEATURE_NAMES)
     explore.add_argument("--alphabet", type=int, default=None, help="token ids in prompts (0 to N-1)")
+    explore.add_argument("--reach", type=int, default=None, help="blocks a local group's window or chunk spans (2)")
     explore.add_argument("--prompt-lengths", default=None, help="comma-separated prompt lengths, e.g. 1,2,3")
     explore.add_argument("--max-requests", type=int, default=None, help="live requests at most")
     explore.add_argument("--schedule-sizes", default=None, help="comma-separated tokens per schedule, e.g. 1,2")

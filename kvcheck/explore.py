@@ -53,7 +53,7 @@ LAYOUTS = {
     "full+window": ("full", "sliding_window"),
     "full+chunked": ("full", "chunked_local"),
 }
-"""Group layouts by name; local groups reach two blocks (a window of 2 * block_size tokens, or a chunk of 2 blocks)."""
+"""Group layouts by name; a scope's ``reach`` sizes the local groups' windows and chunks."""
 
 FEATURES = ("plain", "eagle", "lookahead", "spec", "hash-lookahead", "prefill-lookahead", "async", "deferred")
 """Drafter and async variants a scope can add to each layout (those a layout cannot take are left out):
@@ -76,6 +76,8 @@ class Scope:
     max_requests: int = 2
     schedule_sizes: tuple[int, ...] = (1, 2)
     external_tokens: tuple[int, ...] = (0, 1)
+    reach: int = 2
+    """Blocks a local group reaches: a window of ``reach * block_size`` tokens, or a chunk of ``reach`` blocks."""
 
     def configs(self) -> list[tuple[TargetConfig, str]]:
         """Every configuration of the scope with the feature it was built for."""
@@ -83,7 +85,7 @@ class Scope:
         for block_size, layout, caching, feature in itertools.product(
             self.block_sizes, self.layouts, self.caching, self.features
         ):
-            groups = tuple(_group(kind, block_size) for kind in LAYOUTS[layout])
+            groups = tuple(_group(kind, block_size, self.reach) for kind in LAYOUTS[layout])
             config = _with_feature(TargetConfig(self.num_blocks, block_size, groups, caching), feature)
             if config is not None:
                 configs.append((config, feature))
@@ -95,7 +97,7 @@ class Scope:
             f"{list(self.layouts)}, caching {['on' if c else 'off' for c in self.caching]}, features "
             f"{list(self.features)}, alphabet {self.alphabet}, prompts of {list(self.prompt_lengths)} tokens, "
             f"<= {self.max_requests} requests, schedule sizes {list(self.schedule_sizes)}, external tokens "
-            f"{list(self.external_tokens)}, depth {self.depth}"
+            f"{list(self.external_tokens)}, local groups reaching {self.reach} blocks, depth {self.depth}"
         )
 
 
@@ -106,12 +108,8 @@ SCOPES = {
 """Named scopes: ``ci`` runs in the default tests (seconds); ``standard`` is the documented larger one."""
 
 
-def _group(kind: str, block_size: int) -> GroupSpec:
-    if kind == "sliding_window":
-        return GroupSpec(kind, 2 * block_size)
-    if kind == "chunked_local":
-        return GroupSpec(kind, 2 * block_size)
-    return GroupSpec(kind)
+def _group(kind: str, block_size: int, reach: int) -> GroupSpec:
+    return GroupSpec(kind) if kind == "full" else GroupSpec(kind, reach * block_size)
 
 
 def _with_feature(config: TargetConfig, feature: str) -> TargetConfig | None:

@@ -77,6 +77,7 @@ def test_the_command_reports_an_exhausted_scope(capsys: pytest.CaptureFixture[st
         (["--block-sizes", "1,x"], "--block-sizes: expected comma-separated integers"),
         (["--scope", "huge"], "--scope: unknown scope 'huge'"),
         (["--caching", "maybe"], "--caching: expected on, off or both"),
+        (["--reach", "0"], "--reach: 0 is below the minimum of 1"),
     ],
 )
 def test_bad_scope_options_are_refused_by_name(
