@@ -1,4 +1,5 @@
-"""Rendering a replay step by step, for a person: queue, ref counts, tables and cache, changes marked."""
+"""Rendering a replay step by step, for a person: queue, ref counts, tables, cache, deferred frees and
+steps in flight, changes marked."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def _lines(obs: Observation) -> dict[str, str]:
             cells[f"table {request_id} group {group_id}"] = str(list(table))
     for group_id, prefix, block_id in sorted(obs.cache_entries, key=lambda e: (e[0], len(e[1]), e[1], e[2])):
         cells[f"cache g{group_id} {_prefix(prefix)}"] = f"block {block_id}"
+    for index, popped in enumerate(obs.deferred_frees):
+        cells[f"deferred free {index}"] = f"holds {list(popped)}"
+    for index, (request_id, reads) in enumerate(obs.in_flight_reads):
+        cells[f"in flight {index}"] = f"{request_id} reads {list(map(list, reads))}"
     return cells
 
 

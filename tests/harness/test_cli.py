@@ -119,6 +119,19 @@ def test_show_without_the_fault_ends_with_every_invariant_held(capsys: pytest.Ca
     assert "!!" not in out, out
 
 
+def test_show_renders_deferred_frees_and_steps_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    """An async trace with deferred frees shows what each deferred free holds and what each step in
+    flight reads, so the failing difference can be read off the screen."""
+    trace = str(S003.parent / "fault_deferred_free_in_eviction_order.json")
+    code, out, err = kvcheck(capsys, "show", "--fault", "deferred-free-in-eviction-order", trace)
+    assert code == EXIT_VIOLATION, out + err
+    assert "  * in flight 0               r0 reads [[1], [2]]" in out.splitlines(), out
+    assert "  * deferred free 0           holds [2, 1]" in out.splitlines(), out
+    code, out, err = kvcheck(capsys, "show", trace)
+    assert code == EXIT_OK, out + err
+    assert "  * deferred free 0           holds [1, 2]" in out.splitlines(), out
+
+
 # -- faults -------------------------------------------------------------------------------
 
 
