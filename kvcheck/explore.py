@@ -10,7 +10,9 @@ every state of depth ``d`` to reach depth ``d + 1``; a state already seen
 expanded again.  Depths advance together across configurations, so the first
 violation found is a shortest one in the whole scope.  When the last depth
 is done without one, the scope is exhausted: no operation sequence of that
-length, in that scope, breaks an invariant.
+length, in that scope, breaks an invariant, counting sequences that leave
+the model in the same state as one (a target whose hidden state differs
+between them is explored along the first one found).
 
 Each state is rebuilt by replaying its operations (unchecked: they were
 checked when the state was first reached) and then takes one checked step,
