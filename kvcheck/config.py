@@ -11,6 +11,7 @@ from kvcheck.limits import (
     MAX_GROUPS,
     MAX_LOOKAHEAD_TOKENS,
     MAX_NUM_BLOCKS,
+    MAX_SCHEDULE_TOKENS,
     MAX_WINDOW_TOKENS,
     above,
     shown,
@@ -106,7 +107,15 @@ class TargetConfig:
     ``num_prefill_lookahead`` is how many tokens past a prefill chunk the
     drafter writes (1 for EAGLE, k for k-module MTP), of which all but one
     are never cached; ``eagle_group_ids`` names the groups holding the
-    drafter's layers (none named: every group, for an EAGLE drafter)."""
+    drafter's layers (none named: every group, for an EAGLE drafter).
+
+    Admission of a waiting request, as vLLM's scheduler asks for it:
+    ``reserve_full_sequence`` (its ``scheduler_reserve_full_isl``) admits it
+    only if the whole request fits, a sliding-window or chunked-local group
+    counting at most what it holds at once with ``max_in_flight_tokens``
+    tokens in flight (``None``: no cap); ``reserved_blocks`` stay free for
+    other requests' steps; ``watermark`` keeps that fraction of the pool
+    free while any request runs."""
 
     num_blocks: int
     block_size: int
@@ -119,6 +128,10 @@ class TargetConfig:
     num_hash_lookahead_tokens: int = 0
     num_prefill_lookahead: int = 0
     eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    reserve_full_sequence: bool = False
+    max_in_flight_tokens: int | None = None
+    reserved_blocks: int = 0
+    watermark: float = 0.0
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -182,6 +195,23 @@ class TargetConfig:
                     f"eagle_group_ids[{index}]",
                     f"must name one of the {len(self.groups)} groups, got {shown(group_id)}",
                 )
+        if not isinstance(self.reserve_full_sequence, bool):
+            raise ConfigError(
+                "reserve_full_sequence", f"must be true or false, got {shown(self.reserve_full_sequence)}"
+            )
+        for name, maximum in (("max_in_flight_tokens", MAX_SCHEDULE_TOKENS), ("reserved_blocks", MAX_NUM_BLOCKS)):
+            value = getattr(self, name)
+            if value is None and name == "max_in_flight_tokens":
+                continue
+            minimum = 1 if name == "max_in_flight_tokens" else 0
+            if not is_int(value) or value < minimum:
+                raise ConfigError(name, f"must be an integer >= {minimum}, got {shown(value)}")
+            if value > maximum:
+                raise ConfigError(name, above(value, maximum))
+        if not isinstance(self.watermark, int | float) or isinstance(self.watermark, bool):
+            raise ConfigError("watermark", f"must be a fraction of the pool, got {shown(self.watermark)}")
+        if not 0 <= self.watermark < 1:
+            raise ConfigError("watermark", f"must be >= 0 and < 1, got {shown(self.watermark)}")
         if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
             raise ConfigError("eagle_group_ids", f"names a group twice: {list(self.eagle_group_ids)}")
         for name in ("async_scheduling", "defer_block_free"):
@@ -219,6 +249,14 @@ class TargetConfig:
         steps = ""
         if self.async_scheduling:
             steps = ", async steps with deferred frees" if self.defer_block_free else ", async steps"
+        if self.reserve_full_sequence:
+            steps += ", the whole request must fit"
+            if self.max_in_flight_tokens is not None:
+                steps += f" ({self.max_in_flight_tokens} tokens in flight at most)"
+        if self.reserved_blocks:
+            steps += f", {self.reserved_blocks} blocks reserved"
+        if self.watermark:
+            steps += f", watermark {self.watermark}"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -241,6 +279,14 @@ class TargetConfig:
             document["num_hash_lookahead_tokens"] = self.num_hash_lookahead_tokens
         if self.num_prefill_lookahead:
             document["num_prefill_lookahead"] = self.num_prefill_lookahead
+        if self.reserve_full_sequence:
+            document["reserve_full_sequence"] = True
+        if self.max_in_flight_tokens is not None:
+            document["max_in_flight_tokens"] = self.max_in_flight_tokens
+        if self.reserved_blocks:
+            document["reserved_blocks"] = self.reserved_blocks
+        if self.watermark:
+            document["watermark"] = self.watermark
         if self.async_scheduling:
             document["async_scheduling"] = True
         if self.defer_block_free:

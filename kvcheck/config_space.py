@@ -103,8 +103,21 @@ def random_config(
         # vLLM refuses a drafter's prefill lookahead longer than a block.
         prefill_lookahead = min(prefill_lookahead, block_size)
         hash_lookahead = min(hash_lookahead, block_size)
+    # The scheduler's admission of waiting requests: the whole request must fit
+    # (its window groups capped by the tokens in flight) in a quarter of the
+    # runs, blocks reserved for other steps in a quarter, a watermark in a quarter.
+    reserve_full_sequence = rng.random() < 1 / 4
+    max_in_flight_tokens = rng.choice([None, 1, 2, 4, 8]) if reserve_full_sequence else None
+    reserved_blocks = rng.randint(1, 3) if rng.random() < 1 / 4 else 0
+    watermark = rng.choice([0.1, 0.25]) if rng.random() < 1 / 4 else 0.0
+    admission = {
+        "reserve_full_sequence": reserve_full_sequence,
+        "max_in_flight_tokens": max_in_flight_tokens,
+        "reserved_blocks": reserved_blocks,
+        "watermark": watermark,
+    }
     if not drafter_and_async:
-        return TargetConfig(num_blocks, block_size, groups, enable_caching)
+        return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
     return TargetConfig(
         num_blocks,
         block_size,
@@ -117,4 +130,5 @@ def random_config(
         hash_lookahead,
         prefill_lookahead,
         eagle_group_ids,
+        **admission,
     )

@@ -375,8 +375,13 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        **admission_gates: Any,
     ) -> Any:
-        def blocks_for_computed_tokens(request_id: str, num_tokens: int, hit: Any, total_computed: int) -> int:
+        def blocks_for_computed_tokens(
+            request_id: str, num_tokens: int, hit: Any, total_computed: int, apply_admission_cap: bool = False
+        ) -> int:
+            if apply_admission_cap:  # the whole-request gate is sized as before
+                return count_blocks(request_id, num_tokens, hit, total_computed, apply_admission_cap)
             # The bug: admission is sized for the tokens the step computes; the
             # drafter's lookahead slots are left out, though they are allocated.
             return count_blocks(request_id, num_tokens - num_lookahead_tokens, hit, total_computed)
@@ -391,6 +396,7 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
                 num_lookahead_tokens,
                 num_external_computed_tokens,
                 delay_cache_blocks,
+                **admission_gates,
             )
         finally:
             del coordinator.num_blocks_to_allocate

@@ -87,6 +87,14 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
         yield attrs.evolve(config, async_scheduling=False, defer_block_free=False)
     if config.defer_block_free:
         yield attrs.evolve(config, defer_block_free=False)
+    if config.reserve_full_sequence:
+        yield attrs.evolve(config, reserve_full_sequence=False, max_in_flight_tokens=None)
+    if config.max_in_flight_tokens is not None:
+        yield attrs.evolve(config, max_in_flight_tokens=None)
+    if config.reserved_blocks:
+        yield attrs.evolve(config, reserved_blocks=0)
+    if config.watermark:
+        yield attrs.evolve(config, watermark=0.0)
     if config.use_eagle:
         yield attrs.evolve(config, use_eagle=False)
     if config.eagle_group_ids:

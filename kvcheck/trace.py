@@ -184,6 +184,10 @@ class _Reader:
             "eagle_group_ids",
             "num_hash_lookahead_tokens",
             "num_prefill_lookahead",
+            "reserve_full_sequence",
+            "max_in_flight_tokens",
+            "reserved_blocks",
+            "watermark",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -216,6 +220,10 @@ class _Reader:
             raw.get("num_hash_lookahead_tokens", 0),
             raw.get("num_prefill_lookahead", 0),
             tuple(eagle_group_ids),
+            raw.get("reserve_full_sequence", False),
+            raw.get("max_in_flight_tokens"),
+            raw.get("reserved_blocks", 0),
+            raw.get("watermark", 0.0),
         )
         try:
             return config.validate()

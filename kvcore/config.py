@@ -95,6 +95,11 @@ class KVCacheConfig:
     ``num_prefill_lookahead - 1`` computed tokens may be re-prefilled, so
     they are never cached (in a hybrid cache, only by the groups that
     drop); with drafter groups and caching, a block must hold them all.
+    ``watermark`` keeps that fraction of the pool free when a waiting request
+    is admitted while others run.  ``max_in_flight_tokens`` (tokens
+    scheduled and not yet processed, at most) caps what a request of a
+    sliding-window or chunked-local group holds at once, which sizes the
+    ``full_sequence_must_fit`` admission gate.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
@@ -104,6 +109,8 @@ class KVCacheConfig:
     use_eagle: bool = attrs.field(default=False, validator=_boolean)
     eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     num_prefill_lookahead: int = attrs.field(default=0)
+    watermark: float = attrs.field(default=0.0)
+    max_in_flight_tokens: int | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         for index, group_id in enumerate(self.eagle_group_ids):
@@ -113,6 +120,12 @@ class KVCacheConfig:
                 )
         if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
             raise InvalidConfig("eagle_group_ids", self.eagle_group_ids, "names a group twice")
+        if not isinstance(self.watermark, int | float) or isinstance(self.watermark, bool):
+            raise InvalidConfig("watermark", self.watermark, "must be a fraction of the pool")
+        if not 0 <= self.watermark < 1:
+            raise InvalidConfig("watermark", self.watermark, "must be >= 0 and < 1")
+        if self.max_in_flight_tokens is not None:
+            _positive_int(self, attrs.fields(KVCacheConfig).max_in_flight_tokens, self.max_in_flight_tokens)
         lookahead = self.num_prefill_lookahead
         if not isinstance(lookahead, int) or isinstance(lookahead, bool) or lookahead < 0:
             raise InvalidConfig("num_prefill_lookahead", lookahead, "must be an int >= 0")
@@ -145,6 +158,11 @@ class KVCacheConfig:
     def num_reprefillable_tokens(self) -> int:
         """Trailing computed tokens a multi-module drafter may prefill again: never cached."""
         return max(0, self.num_prefill_lookahead - 1)
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks the watermark keeps free."""
+        return int(self.watermark * self.num_blocks)
 
     @property
     def block_size(self) -> int:

@@ -29,6 +29,9 @@ class KVCacheCoordinator:
             manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
             for group_id, spec in enumerate(config.groups)
         )
+        if config.max_in_flight_tokens is not None:
+            for manager in self.managers:
+                manager.max_admission_blocks = manager.admission_cap(config.max_in_flight_tokens, config.max_model_len)
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
         """The hit blocks per group and the hit length in tokens."""
@@ -40,10 +43,11 @@ class KVCacheCoordinator:
         num_tokens: int,
         new_computed_blocks: HitBlocks,
         total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Free blocks all groups together consume to give the request ``num_tokens`` slots."""
         return sum(
-            manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens)
+            manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens, apply_admission_cap)
             for manager, hit in zip(self.managers, new_computed_blocks)
         )
 

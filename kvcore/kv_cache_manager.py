@@ -64,6 +64,9 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
     ) -> GroupBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead).
 
@@ -72,16 +75,25 @@ class KVCacheManager:
         tokens an external connector loads after the hit;
         ``delay_cache_blocks`` (for a load that lands asynchronously) leaves
         the new blocks out of the prefix cache until the caller's
-        :meth:`cache_blocks`.  Order of work:
+        :meth:`cache_blocks`.  A scheduler admitting a waiting request passes
+        ``full_sequence_must_fit`` (the whole request, its window-freeing
+        groups capped by ``max_in_flight_tokens``, must fit now),
+        ``reserved_blocks`` (kept free for other requests' steps in flight)
+        and ``has_scheduled_reqs`` (whether any request runs: only then does
+        the watermark keep blocks free for a waiting request).  Order of work:
+
+        0. With ``full_sequence_must_fit``, refuse (return ``None``, nothing
+           changed) unless the whole request fits beside the watermark.
 
         1. Free the blocks that left the attention window of this request,
            counting only processed tokens (``num_computed_tokens`` minus the
            request's ``num_in_flight_tokens``): a step still in flight reads
            its window.  This is done even if the allocation is refused: they
            are not needed either way.
-        2. Admission: if the pool cannot supply every block this needs
-           (counting hit blocks that sit free in the queue as consumed),
-           return ``None``; nothing else has changed.
+        2. Admission: if the pool, less ``reserved_blocks`` and the
+           watermark, cannot supply every block this needs (counting hit
+           blocks that sit free in the queue as consumed), return ``None``;
+           nothing else has changed.
         3. Take the local hit in every group, then allocate for external
            tokens in every group (never interleaved per group).
         4. Allocate the new blocks and, unless ``delay_cache_blocks``, enter
@@ -95,6 +107,7 @@ class KVCacheManager:
             ("num_new_computed_tokens", num_new_computed_tokens),
             ("num_lookahead_tokens", num_lookahead_tokens),
             ("num_external_computed_tokens", num_external_computed_tokens),
+            ("reserved_blocks", reserved_blocks),
         ):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgument(name, value, "must be an int >= 0")
@@ -121,11 +134,20 @@ class KVCacheManager:
             num_tokens_need_slot = min(num_tokens_need_slot, max_model_len)
 
         coordinator = self.coordinator
+        watermark_blocks = self.config.watermark_blocks if has_scheduled_reqs and request.waiting else 0
+        num_free = self.block_pool.num_free_blocks
+        if full_sequence_must_fit:
+            full_num_tokens = request.num_tokens if max_model_len is None else min(request.num_tokens, max_model_len)
+            num_blocks_for_all = coordinator.num_blocks_to_allocate(
+                rid, full_num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap=True
+            )
+            if num_blocks_for_all + watermark_blocks > num_free:
+                return None
         coordinator.remove_skipped_blocks(rid, max(0, total_computed_tokens - request.num_in_flight_tokens))
         num_blocks_needed = coordinator.num_blocks_to_allocate(
             rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens
         )
-        if num_blocks_needed > self.block_pool.num_free_blocks:
+        if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None
         if has_hit or num_external_computed_tokens > 0:
             coordinator.allocate_new_computed_blocks(

@@ -22,7 +22,10 @@ class Request:
     step is *scheduled*, and ``num_in_flight_tokens`` counts the tokens of
     steps scheduled but not yet processed: the manager only treats
     ``num_computed_tokens - num_in_flight_tokens`` tokens as done when it
-    frees blocks that left the attention window.
+    frees blocks that left the attention window.  ``waiting`` is set while
+    the request waits to be scheduled (new or preempted): the scheduler
+    clears it once the request runs, and the watermark applies only to
+    waiting requests.
     """
 
     __slots__ = (
@@ -35,6 +38,7 @@ class Request:
         "block_hashes",
         "num_computed_tokens",
         "num_in_flight_tokens",
+        "waiting",
     )
 
     def __init__(
@@ -62,6 +66,7 @@ class Request:
         )
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
+        self.waiting = True
 
     @property
     def num_tokens(self) -> int:

@@ -62,6 +62,8 @@ class RequestModel:
     num_in_flight_tokens: int = 0
     running: bool = False
     loading: bool = False
+    waiting: bool = True
+    """New or preempted, and not admitted since (vLLM's WAITING and PREEMPTED)."""
 
 
 class ManagerModel:
@@ -285,6 +287,7 @@ class ManagerModel:
             # Only tokens that exist are cached: never the drafter's slots.
             self._cache_full_blocks(rid, min(main_model_tokens, len(request.tokens)))
         request.running = True
+        request.waiting = False
         request.num_computed_tokens = total_computed + amounts.num_new_tokens
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, len(request.tokens), op.sampled_token, ()):
             request.tokens.append(op.sampled_token)
@@ -304,6 +307,19 @@ class ManagerModel:
         first taking its hit and ``external`` loaded tokens; the new blocks, or ``None`` when refused."""
         request = self.requests[rid]
         num_groups = len(self.groups)
+        config = self.config
+        # A waiting request (new or preempted) is admitted with the scheduler's
+        # gates: the watermark while another request runs, the reserved blocks,
+        # and, asked for, room for the whole request.
+        watermark = reserved = 0
+        if request.waiting:
+            others_run = any(m.running for r, m in self.requests.items() if r != rid)
+            watermark = int(config.watermark * config.num_blocks) if others_run else 0
+            reserved = config.reserved_blocks
+            if config.reserve_full_sequence:
+                whole = self._blocks_needed(rid, waiting, hit_ids, total_computed, len(request.tokens), cap=True)
+                if whole + watermark > len(self.pool.free_order):
+                    return None
         # Blocks that left every future token's window are released whether
         # or not the step is admitted; tokens of steps in flight do not count.
         for group_id in range(num_groups):
@@ -311,17 +327,8 @@ class ManagerModel:
 
         # Admission: the step fits when the free queue holds every block it
         # takes: new blocks for the tables, plus hit blocks now sitting free.
-        taken = 0
-        for group_id, group in enumerate(self.groups):
-            table = self.table(rid, group_id)
-            length_before_growth = len(table)
-            if waiting:
-                num_skipped = skipped_tokens(group, total_computed) // self.block_size
-                kept_hits = hit_ids[group_id][num_skipped:]
-                taken += sum(1 for b in kept_hits if b in self.pool.free_order)
-                length_before_growth = max(num_skipped, len(hit_ids[group_id]))
-            taken += max(0, ceil_div(slots, self.block_size) - length_before_growth)
-        if taken > len(self.pool.free_order):
+        taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, slots, cap=False)
+        if taken + watermark > len(self.pool.free_order) - reserved:
             return None
 
         # Every group takes its local hit before any group allocates for
@@ -339,6 +346,38 @@ class ManagerModel:
                     self._grow(rid, group_id, total_computed)
         return tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
 
+    def _blocks_needed(
+        self, rid: str, waiting: bool, hit_ids: GroupIds, total_computed: int, num_tokens: int, cap: bool
+    ) -> int:
+        """Free blocks the request takes to have ``num_tokens`` slots: new blocks for the tables, plus
+        hit blocks now sitting free.  With ``cap``, a group that frees blocks as it goes counts at most
+        what a request holds at once with ``max_in_flight_tokens`` tokens in flight."""
+        taken = 0
+        for group_id, group in enumerate(self.groups):
+            required = ceil_div(num_tokens, self.block_size)
+            limit = self._admission_cap(group) if cap else None
+            if limit is not None:
+                required = min(required, limit)
+            length_before_growth = len(self.table(rid, group_id))
+            if waiting:
+                num_skipped = skipped_tokens(group, total_computed) // self.block_size
+                kept_hits = hit_ids[group_id][num_skipped:]
+                taken += sum(1 for b in kept_hits if b in self.pool.free_order)
+                length_before_growth = max(num_skipped, len(hit_ids[group_id]))
+            taken += max(0, required - length_before_growth)
+        return taken
+
+    def _admission_cap(self, group: GroupSpec) -> int | None:
+        """Blocks a request of ``group`` holds at once with the configured tokens in flight (``None``:
+        no cap): a window's last ``W - 1`` tokens, or a chunk, plus the tokens in flight (a window one
+        block more, as it may start inside a block)."""
+        in_flight = self.config.max_in_flight_tokens
+        if in_flight is None or group.window is None:
+            return None
+        if group.kind == "sliding_window":
+            return ceil_div(group.window - 1 + in_flight, self.block_size) + 1
+        return ceil_div(group.window + in_flight, self.block_size)
+
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """The last token and the drafts get slots (plus lookahead); rejected drafts are rolled back
         but keep their slots; accepted drafts and a bonus token are appended, then every full
@@ -350,12 +389,11 @@ class ManagerModel:
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
         slots = request.num_computed_tokens + 1 + num_drafts + self.config.num_lookahead_tokens
-        for group_id in range(len(self.groups)):
-            self._release_skipped(rid, group_id, request.num_computed_tokens)
-        taken = sum(max(0, ceil_div(slots, self.block_size) - len(self.table(rid, g))) for g in range(len(self.groups)))
-        if taken > len(self.pool.free_order):
+        no_hit = tuple(() for _ in self.groups)
+        new_ids = self._allocate(rid, False, no_hit, request.num_computed_tokens, 0, slots)
+        if new_ids is None:
             return StepResult(admitted=False)
-        new_ids = tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(len(self.groups)))
+        request.waiting = False
         request.num_computed_tokens += 1 + num_accepted
         request.tokens.extend([op.sampled_token] * (num_accepted + 1))
         if self.config.enable_caching:
@@ -482,3 +520,4 @@ class ManagerModel:
         request.num_computed_tokens = 0
         request.running = False
         request.loading = False
+        request.waiting = True

@@ -31,6 +31,8 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         use_eagle=config.use_eagle,
         eagle_group_ids=config.eagle_group_ids,
         num_prefill_lookahead=config.num_prefill_lookahead,
+        watermark=config.watermark,
+        max_in_flight_tokens=config.max_in_flight_tokens,
     )
 
 
@@ -68,8 +70,11 @@ class KvcoreTarget(SchedulerDrivenTarget):
         num_lookahead_tokens: int,
         delay_cache_blocks: bool = False,
     ) -> Any:
+        gates = self._admission_gates(request.request_id, request.waiting)
         if hit is None:
-            return self.manager.allocate_slots(request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens)
+            return self.manager.allocate_slots(
+                request, num_new_tokens, num_lookahead_tokens=num_lookahead_tokens, **gates
+            )
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
             request,
@@ -79,7 +84,14 @@ class KvcoreTarget(SchedulerDrivenTarget):
             num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=external,
             delay_cache_blocks=delay_cache_blocks,
+            **gates,
         )
+
+    def _on_admitted(self, request: kvcore.Request) -> None:
+        request.waiting = False
+
+    def _on_preempted(self, request: kvcore.Request, was_running: bool) -> None:
+        request.waiting = True
 
     def _free(self, request: kvcore.Request) -> None:
         self.manager.free(request)

@@ -94,6 +94,17 @@ class SchedulerDrivenTarget:
     def _new_step_starts(self) -> None:
         """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
 
+    def _admission_gates(self, request_id: str, waiting: bool) -> dict[str, Any]:
+        """The ``allocate_slots`` keywords vLLM's scheduler adds when it admits a waiting request (new,
+        preempted, or back from an asynchronous load): none for a running one."""
+        if not waiting:
+            return {}
+        return {
+            "full_sequence_must_fit": self.config.reserve_full_sequence,
+            "reserved_blocks": self.config.reserved_blocks,
+            "has_scheduled_reqs": any(other != request_id for other in self.running),
+        }
+
     def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         """``cache_blocks``, as a scheduler calls it after a speculative step's output."""
         raise NotImplementedError
@@ -222,6 +233,7 @@ class SchedulerDrivenTarget:
         new_blocks = self._allocate_slots(request, 1 + num_drafts, None, 0, self.config.num_lookahead_tokens)
         if new_blocks is None:
             return StepResult(admitted=False)
+        self._on_admitted(request)
         request.num_computed_tokens += 1 + num_drafts
         num_slots = request.num_computed_tokens + self.config.num_lookahead_tokens
         request.num_computed_tokens -= num_drafts - num_accepted

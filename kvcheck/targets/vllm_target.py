@@ -148,6 +148,8 @@ def make_manager(
     eagle_group_ids: Sequence[int] = (),
     num_hash_lookahead_tokens: int = 0,
     num_prefill_lookahead: int = 0,
+    watermark: float = 0.0,
+    max_in_flight_tokens: int | None = None,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
     groups in ``eagle_group_ids`` hold a drafter's layers."""
@@ -165,7 +167,8 @@ def make_manager(
         scheduler_block_size=block_size,
         hash_block_size=block_size,
         enable_caching=enable_caching,
-        watermark=0.0,
+        watermark=watermark,
+        max_in_flight_tokens=max_in_flight_tokens,
         use_eagle=use_eagle,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         num_prefill_lookahead=num_prefill_lookahead,
@@ -229,6 +232,8 @@ class VllmTarget(SchedulerDrivenTarget):
             eagle_group_ids=config.eagle_group_ids,
             num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
             num_prefill_lookahead=config.num_prefill_lookahead,
+            watermark=config.watermark,
+            max_in_flight_tokens=config.max_in_flight_tokens,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
@@ -250,9 +255,14 @@ class VllmTarget(SchedulerDrivenTarget):
         num_lookahead_tokens: int,
         delay_cache_blocks: bool = False,
     ) -> Any:
+        gates = self._admission_gates(request.request_id, request.status != self._v.RequestStatus.RUNNING)
         if hit is None:
             return self.manager.allocate_slots(
-                request, num_new_tokens, new_computed_blocks=None, num_lookahead_tokens=num_lookahead_tokens
+                request,
+                num_new_tokens,
+                new_computed_blocks=None,
+                num_lookahead_tokens=num_lookahead_tokens,
+                **gates,
             )
         hit_blocks, hit_length = hit
         return self.manager.allocate_slots(
@@ -263,6 +273,7 @@ class VllmTarget(SchedulerDrivenTarget):
             num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=external,
             delay_cache_blocks=delay_cache_blocks,
+            **gates,
         )
 
     def _free(self, request: Any) -> None:

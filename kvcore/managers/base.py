@@ -45,8 +45,17 @@ class SingleTypeManager:
         self.null_block = pool.null_block
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
+        self.max_admission_blocks: int | None = None
+        """The most blocks a request of this group holds at once (groups that free blocks as they go), set
+        by the coordinator from ``max_in_flight_tokens``; ``None``: a request may hold a block per slot."""
 
     # -- the attention type -------------------------------------------------------
+
+    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None) -> int | None:
+        """The most blocks a request holds at once when at most ``max_in_flight_tokens`` tokens are
+        scheduled and not yet processed (and never more than ``max_model_len`` tokens); ``None`` for a
+        group that keeps every block."""
+        return None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """How many leading tokens no future token attends to, once ``num_computed_tokens`` are computed."""
@@ -79,13 +88,18 @@ class SingleTypeManager:
         num_tokens: int,
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Free blocks this group consumes to give the request ``num_tokens`` slots.
 
         Hit blocks that sit in the free queue with ``ref_cnt == 0`` count as
-        consumed: touching them takes them out of the queue.
+        consumed: touching them takes them out of the queue.  With
+        ``apply_admission_cap`` the slots are capped at what a request of a
+        group that frees blocks as it goes holds at once.
         """
         num_required_blocks = ceil_div(num_tokens, self.block_size)
+        if apply_admission_cap and self.max_admission_blocks is not None:
+            num_required_blocks = min(num_required_blocks, self.max_admission_blocks)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_blocks:
             return max(num_required_blocks - num_req_blocks, 0)

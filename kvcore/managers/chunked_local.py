@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec
 from kvcore.errors import InvalidArgument
 from kvcore.hashing import BlockHash
@@ -24,6 +25,13 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         chunk = self.spec.attention_chunk_size
         return (num_computed_tokens // chunk) * chunk
+
+    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None) -> int | None:
+        # One chunk plus the tokens in flight.
+        num_tokens = self.spec.attention_chunk_size + max_in_flight_tokens
+        if max_model_len is not None:
+            num_tokens = min(num_tokens, max_model_len)
+        return ceil_div(num_tokens, self.block_size)
 
     @classmethod
     def find_longest_cache_hit(
