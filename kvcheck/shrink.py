@@ -67,9 +67,12 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
             yield attrs.evolve(op, num_accepted_tokens=op.num_accepted_tokens - 1)
         if op.sampled_token:
             yield attrs.evolve(op, sampled_token=0)
-    elif isinstance(op, StartAsyncLoad) and op.num_external_tokens > 1:
-        yield attrs.evolve(op, num_external_tokens=1)
-        yield attrs.evolve(op, num_external_tokens=op.num_external_tokens - 1)
+    elif isinstance(op, StartAsyncLoad):
+        # A plain step with the same external tokens is simpler to read.
+        yield Schedule(op.request_id, 1, op.num_external_tokens)
+        if op.num_external_tokens > 1:
+            yield attrs.evolve(op, num_external_tokens=1)
+            yield attrs.evolve(op, num_external_tokens=op.num_external_tokens - 1)
     elif isinstance(op, AddRequest):
         for index in range(len(op.prompt) - 1, -1, -1):
             if len(op.prompt) > 1:
