@@ -73,7 +73,11 @@ def random_config(
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
     eagle_drawn = rng.random() < 1 / 2
-    use_eagle = eagle_drawn and enable_caching and not any(g.kind == "chunked_local" for g in groups)
+    can_drop = [index for index, group in enumerate(groups) if group.kind != "chunked_local"]
+    # Beside a chunked-local group the drafter sits in other groups only
+    # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
+    use_eagle = eagle_drawn and enable_caching and bool(can_drop)
+    must_name_drafters = use_eagle and len(can_drop) < count
     # A drafter proposes a few tokens per step, and every step reserves slots for them.
     num_lookahead_tokens = rng.choice([1, 2, 3, 4]) if rng.random() < 1 / 3 else 0
     # Async scheduling in a third of the runs, with deferred frees (a KV-consumer connector) in half of those.
@@ -95,27 +99,26 @@ def random_config(
     elif use_eagle and mode < 2 / 3:
         prefill_lookahead = rng.choice([1, 2, 3])
     eagle_group_ids: tuple[int, ...] = ()
-    if (use_eagle or hash_lookahead) and count > 1 and rng.random() < 1 / 2:
-        can_drop = [index for index, group in enumerate(groups) if group.kind != "chunked_local"]
-        if can_drop:
-            eagle_group_ids = tuple(sorted(rng.sample(can_drop, rng.randint(1, len(can_drop)))))
+    name_drafters = must_name_drafters or ((use_eagle or hash_lookahead) and count > 1 and rng.random() < 1 / 2)
+    if name_drafters and can_drop:
+        eagle_group_ids = tuple(sorted(rng.sample(can_drop, rng.randint(1, len(can_drop)))))
     if eagle_group_ids or use_eagle:
         # vLLM refuses a drafter's prefill lookahead longer than a block.
         prefill_lookahead = min(prefill_lookahead, block_size)
         hash_lookahead = min(hash_lookahead, block_size)
-    # The scheduler's admission of waiting requests: the whole request must fit
-    # (its window groups capped by the tokens in flight) in a quarter of the
-    # runs, blocks reserved for other steps in a quarter, a watermark in a quarter.
-    reserve_full_sequence = rng.random() < 1 / 4
-    max_in_flight_tokens = rng.choice([None, 1, 2, 4, 8]) if reserve_full_sequence else None
-    reserved_blocks = rng.randint(1, 3) if rng.random() < 1 / 4 else 0
-    watermark = rng.choice([0.1, 0.25]) if rng.random() < 1 / 4 else 0.0
-    admission = {
-        "reserve_full_sequence": reserve_full_sequence,
-        "max_in_flight_tokens": max_in_flight_tokens,
-        "reserved_blocks": reserved_blocks,
-        "watermark": watermark,
-    }
+    # The scheduler's admission of waiting requests, in a quarter of the runs,
+    # one gate at a time: the whole request must fit (its window groups
+    # capped by the tokens in flight), blocks reserved for other steps, or a
+    # watermark.  (A gate on every warm start would refuse its resume.)
+    admission: dict[str, object] = {}
+    if rng.random() < 1 / 4:
+        gate = rng.choice(["full_sequence", "reserved", "watermark"])
+        if gate == "full_sequence":
+            admission = {"reserve_full_sequence": True, "max_in_flight_tokens": rng.choice([None, 1, 2, 4, 8])}
+        elif gate == "reserved":
+            admission = {"reserved_blocks": rng.randint(1, 3)}
+        else:
+            admission = {"watermark": rng.choice([0.1, 0.25])}
     if not drafter_and_async:
         return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
     return TargetConfig(

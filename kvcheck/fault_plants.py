@@ -320,8 +320,14 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
     hit_taken: set[str] = set()
 
     def num_blocks_to_allocate(
-        request_id: str, num_tokens: int, new_computed_blocks: HitBlocks, total_computed_tokens: int
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: HitBlocks,
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
+        if apply_admission_cap:  # the whole-request gate counts before anything is taken
+            return count_blocks(request_id, num_tokens, new_computed_blocks, total_computed_tokens, True)
         hit_taken.discard(request_id)
         is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
         if is_new and any(new_computed_blocks):
@@ -489,3 +495,15 @@ def cacheable_counts_reprefillable_tokens(num_tokens: int, group_id: int) -> int
 
 def plant_reprefillable_tokens_cached(manager: kvcore.KVCacheManager) -> None:
     manager.coordinator.num_cacheable_tokens = cacheable_counts_reprefillable_tokens  # type: ignore[method-assign]
+
+
+# -- admission ---------------------------------------------------------------------
+
+
+def plant_window_admission_cap_one_block_short(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, SlidingWindowManager) and group_manager.max_admission_blocks is not None:
+            # The bug: the cap counts the window's tokens and the tokens in
+            # flight, but not the block a window may straddle, so the
+            # whole-request gate admits a request one block short.
+            group_manager.max_admission_blocks -= 1

@@ -139,6 +139,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_delayed_load_cached_at_allocation,
         ),
         Fault(
+            "window-admission-cap-one-block-short",
+            "the sliding-window admission cap of the whole-request gate leaves out the block a window may "
+            "straddle: a request is admitted whose window does not fit",
+            plants.plant_window_admission_cap_one_block_short,
+        ),
+        Fault(
             "hit-taken-before-admission",
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,

@@ -87,6 +87,25 @@ class _Run:
         self.next_id += 1
         return f"r{self.next_id - 1}"
 
+    def warm_start(self) -> list[Operation]:
+        """Memory pressure from the first step, as the manager machine's warm start: a request whose
+        prefill takes every block of its share is preempted, and usually resumed at once with a few of
+        its tokens loaded by a connector."""
+        rng, config = self.rng, self.lockstep.config
+        per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size
+        if per_group_tokens == 0:
+            return []
+        extra = rng.randint(2, 4)
+        request_id = self.new_id()
+        ops: list[Operation] = [
+            AddRequest(request_id, (0,) * (per_group_tokens + extra)),
+            Schedule(request_id, per_group_tokens, 0, 0),
+            Preempt(request_id),
+        ]
+        if rng.random() < 0.9:
+            ops.append(Schedule(request_id, extra, rng.randint(0, 8), 0))
+        return ops
+
     def next_ops(self) -> list[Operation]:
         """The operations of one random step (a next turn is a finish and an add)."""
         rng, model = self.rng, self.lockstep.model
@@ -158,10 +177,15 @@ def swarm(
     start = time.perf_counter()
     while report.runs < max_runs and (max_seconds is None or time.perf_counter() - start < max_seconds):
         report.runs += 1
-        config = random_config(rng, num_groups, drafter_and_async=drafter_and_async)
+        # Half the runs start warm, on a pool split evenly among the groups.
+        warm = rng.random() < 0.5
+        config = random_config(rng, num_groups, full_pool=warm, drafter_and_async=drafter_and_async)
         lockstep = Lockstep(make_target, config, check=check)
         run = _Run(rng, lockstep)
         try:
+            for op in run.warm_start() if warm else ():
+                report.steps += 1
+                lockstep.step(op)
             while len(lockstep.trace) < steps_per_run:
                 for op in run.next_ops():
                     report.steps += 1

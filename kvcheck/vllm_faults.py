@@ -103,6 +103,15 @@ def _reprefillable_tokens_cached(manager: Any) -> None:
     manager.coordinator.get_num_cacheable_tokens = cacheable_counts_reprefillable_tokens
 
 
+def _window_admission_cap_one_block_short(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            # The bug: the cap without the block a window may straddle.
+            group_manager.max_admission_blocks_per_request -= 1
+
+
 def _window_slides_on_scheduled_tokens(manager: Any) -> None:
     manager.allocate_slots = window_slides_on_scheduled_tokens(manager.allocate_slots)
 
@@ -149,6 +158,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "reprefillable-tokens-cached",
             "vLLM's coordinator counting every computed token as cacheable, the re-prefillable ones too",
             _reprefillable_tokens_cached,
+        ),
+        Fault(
+            "window-admission-cap-one-block-short",
+            "vLLM's sliding-window admission cap without the block a window may straddle",
+            _window_admission_cap_one_block_short,
         ),
         Fault(
             "window-slides-on-scheduled-tokens",

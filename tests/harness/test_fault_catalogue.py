@@ -165,6 +165,16 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 0)), StartAsyncLoad("r0", 1)],
         "cache_matches_model",
     ),
+    # The whole 17-token request must fit, 2 tokens in flight at most: 9 full-attention blocks and a
+    # window of 8 capped at ceil((8 - 1 + 2) / 2) + 1 = 6 blocks are 15, one more than the 14 free, so
+    # it is refused; a cap one block short admits it.
+    "window-admission-cap-one-block-short": (
+        TargetConfig(
+            15, 2, (FULL, GroupSpec("sliding_window", 8)), True, reserve_full_sequence=True, max_in_flight_tokens=2
+        ),
+        [AddRequest("r0", (0,) * 17), Schedule("r0", 1)],
+        "admission_matches_model",
+    ),
     "hit-taken-before-admission": (
         one_group(2, 1),
         [AddRequest("r0", (1,)), AddRequest("r1", (1, 2)), Schedule("r0", 1), Schedule("r1", 1)],
