@@ -558,6 +558,8 @@ def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
         ),
         "config.num_prefill_lookahead": (config["num_prefill_lookahead"]["maximum"], limits.MAX_LOOKAHEAD_TOKENS),
         "config.eagle_group_ids": (config["eagle_group_ids"]["maxItems"], limits.MAX_GROUPS),
+        "config.max_in_flight_tokens": (config["max_in_flight_tokens"]["maximum"], limits.MAX_SCHEDULE_TOKENS),
+        "config.reserved_blocks": (config["reserved_blocks"]["maximum"], limits.MAX_NUM_BLOCKS),
         "config.eagle_group_ids[i]": (config["eagle_group_ids"]["items"]["maximum"], limits.MAX_GROUPS - 1),
         "ops": (SCHEMA["properties"]["ops"]["maxItems"], limits.MAX_OPS),
         "prompt": (add["prompt"]["maxItems"], limits.MAX_PROMPT_TOKENS),
@@ -735,6 +737,10 @@ def test_drafter_and_async_fields_round_trip() -> None:
         num_hash_lookahead_tokens=1,
         num_prefill_lookahead=1,
         eagle_group_ids=(0,),
+        reserve_full_sequence=True,
+        max_in_flight_tokens=4,
+        reserved_blocks=2,
+        watermark=0.25,
     )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
     plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
@@ -752,6 +758,10 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"use_eagle": True, "num_prefill_lookahead": 3}, "config.num_prefill_lookahead", "above block_size=2"),
         ({"num_prefill_lookahead": 65}, "config.num_prefill_lookahead", "above the limit of 64"),
         ({"async_scheduling": 1}, "config.async_scheduling", "must be true or false"),
+        ({"watermark": 1.5}, "config.watermark", "must be >= 0 and < 1, got 1.5"),
+        ({"watermark": "high"}, "config.watermark", "must be a fraction of the pool"),
+        ({"reserved_blocks": -1}, "config.reserved_blocks", "must be an integer >= 0, got -1"),
+        ({"max_in_flight_tokens": 0}, "config.max_in_flight_tokens", "must be an integer >= 1, got 0"),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(
