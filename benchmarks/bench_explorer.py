@@ -19,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
 
-from kvcheck.explore import SCOPES, explore
+from kvcheck.explore import explore
 from kvcheck.faults import FAULTS
 from kvcheck.replay import resolve_target
+from kvcheck.scopes import SCOPES
 
 FAULT_FEATURES = {
     "eagle-window-without-extra-block": "eagle",

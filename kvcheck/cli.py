@@ -19,9 +19,6 @@ from kvcheck.limits import MAX_GROUPS, MAX_KILL_MATRIX_SEEDS, MAX_SEED, MAX_SWAR
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 
-LAYOUT_NAMES = ("full", "window", "chunked", "full+window", "full+chunked")
-FEATURE_NAMES = "plain, eagle, lookahead, spec, hash-lookahead, prefill-lookahead, async, deferred"
-
 TARGET_HELP = (
     "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
     "or several of those joined by '+' (e.g. 'kvcore+vllm'), compared step by step"
@@ -273,7 +270,7 @@ def _explore_scope(args: argparse.Namespace) -> object:
     """The scope the options ask for (a named scope with overrides), or a refusal string."""
     import attrs
 
-    from kvcheck.explore import FEATURES, LAYOUTS, SCOPES
+    from kvcheck.scopes import FEATURES, LAYOUTS, SCOPES
 
     if args.scope not in SCOPES:
         return f"--scope: unknown scope {args.scope!r} (known: {', '.join(SCOPES)})"
@@ -327,9 +324,10 @@ def _explore_scope(args: argparse.Namespace) -> object:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    from kvcheck.explore import Scope, explore
+    from kvcheck.explore import explore
     from kvcheck.replay import resolve_target
     from kvcheck.repro import failing_trace, write_repro
+    from kvcheck.scopes import Scope
 
     scope = _explore_scope(args)
     if isinstance(scope, str):
@@ -371,6 +369,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvcheck.scopes import FEATURES, LAYOUTS, SCOPES
+
     parser = argparse.ArgumentParser(prog="kvcheck", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -428,13 +428,17 @@ def build_parser() -> argparse.ArgumentParser:
         "explore", help="try every operation sequence of a small scope up to a depth, breadth first"
     )
     target_options(explore)
-    explore.add_argument("--scope", default="ci", help="named scope to start from: ci (default) or standard")
+    explore.add_argument(
+        "--scope", default="ci", help="named scope to start from: " + " or ".join(SCOPES) + " (default ci)"
+    )
     explore.add_argument("--depth", type=int, default=None, help=f"operations per sequence (1 to {MAX_EXPLORE_DEPTH})")
     explore.add_argument("--blocks", type=int, default=None, help="usable blocks in the pool (besides the null block)")
     explore.add_argument("--block-sizes", default=None, help="comma-separated block sizes, e.g. 1,2")
-    explore.add_argument("--layouts", default=None, help="comma-separated group layouts: " + ", ".join(LAYOUT_NAMES))
+    explore.add_argument("--layouts", default=None, help="comma-separated group layouts: " + ", ".join(LAYOUTS))
     explore.add_argument("--caching", default=None, help="on, off or both")
-    explore.add_argument("--features", default=None, help="comma-separated drafter/async features: " + FEATURE_NAMES)
+    explore.add_argument(
+        "--features", default=None, help="comma-separated drafter/async features: " + ", ".join(FEATURES)
+    )
     explore.add_argument("--alphabet", type=int, default=None, help="token ids in prompts (0 to N-1)")
     explore.add_argument("--reach", type=int, default=None, help="blocks a local group's window or chunk spans (2)")
     explore.add_argument("--prompt-lengths", default=None, help="comma-separated prompt lengths, e.g. 1,2,3")

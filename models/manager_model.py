@@ -83,8 +83,8 @@ class ManagerModel:
         self.num_cached: dict[tuple[str, int], int] = {}
         self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
-        dropping_specs = {config.groups[g] for g in config.drop_group_ids}
-        self.dropping_group_ids = frozenset(g for g, spec in enumerate(config.groups) if spec in dropping_specs)
+        self.dropping_specs = frozenset(config.groups[g] for g in config.drop_group_ids)
+        self.dropping_group_ids = frozenset(g for g, spec in enumerate(config.groups) if spec in self.dropping_specs)
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -161,7 +161,6 @@ class ManagerModel:
         spec_groups: dict[GroupSpec, list[int]] = {}
         for group_id, group in enumerate(self.groups):
             spec_groups.setdefault(group, []).append(group_id)
-        dropping_specs = {self.groups[g] for g in self.dropping_group_ids}
         order = sorted(spec_groups.items(), key=lambda item: item[0].kind != "full")
         one_pass = len(order) == 2 and order[0][0].kind == "full"
         full_hits: dict[GroupSpec, int] = {}
@@ -174,7 +173,7 @@ class ManagerModel:
                 if spec in full_hits:
                     current = min(current, full_hits[spec] * self.block_size)
                     continue
-                drop = spec in dropping_specs and spec not in verified
+                drop = spec in self.dropping_specs and spec not in verified
                 limit = min(current // self.block_size + 1, full_blocks) if drop else current // self.block_size
                 found = self._longest_accepted(request_id, group_ids, limit, peek=drop) * self.block_size
                 if drop:

@@ -8,9 +8,10 @@ import attrs
 import pytest
 
 from kvcheck import cli
-from kvcheck.explore import FEATURES, LAYOUTS, SCOPES, canonical_state, explore
+from kvcheck.explore import canonical_state, explore
 from kvcheck.ops import AddRequest, Schedule
 from kvcheck.replay import replay, resolve_target
+from kvcheck.scopes import SCOPES
 from kvcheck.targets import load_target
 from kvcheck.trace import load_trace
 from models.manager_model import ManagerModel
@@ -85,8 +86,3 @@ def test_bad_scope_options_are_refused_by_name(
 ) -> None:
     assert cli.main(["explore", *argv]) == cli.EXIT_BAD_INPUT
     assert message in capsys.readouterr().err
-
-
-def test_the_command_names_the_layouts_and_features_the_explorer_knows() -> None:
-    assert tuple(LAYOUTS) == cli.LAYOUT_NAMES
-    assert ", ".join(FEATURES) == cli.FEATURE_NAMES
