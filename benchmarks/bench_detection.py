@@ -32,8 +32,8 @@ from hypothesis import settings
 
 from kvcheck.faults import FAULTS
 from kvcheck.replay import resolve_target
-from stateful_tests.profiles import PROFILES, pin_generation_constants
-from stateful_tests.run import ShrunkViolation, run_manager_machine
+from kvcheck.stateful_tests.profiles import PROFILES, pin_generation_constants
+from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 
 Outcome = tuple[str, int, bool, float, int | None, str | None]
 """(fault, seed, caught, seconds to report, shrunk steps, invariant)."""

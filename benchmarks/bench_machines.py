@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import lockstep
+from kvcheck.stateful_tests.manager_machine import manager_machine
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
-from stateful_tests.manager_machine import manager_machine
 
 
 def count_steps() -> list[int]:

@@ -25,14 +25,19 @@ TARGET_HELP = (
 )
 
 
-def find_checkout() -> Path:
-    """The kvcheck checkout (it holds models/ and stateful_tests/), from here or from the package."""
-    here = Path.cwd().resolve()
-    package_root = Path(__file__).resolve().parents[1]
-    for candidate in (here, *here.parents, package_root):
-        if (candidate / "models" / "invariants.py").is_file() and (candidate / "stateful_tests").is_dir():
-            return candidate
-    raise SystemExit("kvcheck: cannot find the kvcheck checkout (models/, stateful_tests/); run it from there")
+def suite_folder(package: str) -> Path:
+    """The folder of one of the suite's packages (``kvcheck.stateful_tests``, ``kvcheck.regressions``):
+    in a checkout, the repository's top-level folder; installed, the one inside the kvcheck package."""
+    import importlib
+
+    module = importlib.import_module(package)
+    assert module.__file__ is not None
+    return Path(module.__file__).parent
+
+
+def default_corpus() -> Path:
+    """The regression corpus kvcheck ships (``regressions/traces`` in a checkout)."""
+    return suite_folder("kvcheck.regressions") / "traces"
 
 
 def _bad_input(message: str) -> int:
@@ -69,9 +74,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if refusal is not None:
         return _bad_input(refusal)
-    checkout = find_checkout()
-    os.chdir(checkout)
-    pytest_args = ["stateful_tests", "regressions", "-q", "-p", "no:cacheprovider", f"--target={args.target}"]
+    pytest_args = [
+        str(suite_folder("kvcheck.stateful_tests")),
+        str(suite_folder("kvcheck.regressions")),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--target={args.target}",
+        f"--repros={Path('repros').resolve()}",
+    ]
     if args.fault:
         pytest_args.append(f"--fault={args.fault}")
     if args.groups:
@@ -191,7 +202,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     _, trace = loaded[0]
-    corpus = Corpus(Path(args.corpus) if args.corpus else find_checkout() / "regressions" / "traces")
+    corpus = Corpus(Path(args.corpus) if args.corpus else default_corpus())
     try:
         message = corpus.promote(trace, args.name, args.story, datetime.date.today().isoformat())  # type: ignore[arg-type]
     except ValueError as exc:
@@ -405,7 +416,11 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("trace", metavar="FAILED_TRACE")
     promote.add_argument("--name", required=True, help="file name in the corpus (letters, digits, - and _)")
     promote.add_argument("--story", required=True, help="one line: what broke and why it matters")
-    promote.add_argument("--corpus", default=None, help="corpus folder (default: regressions/traces)")
+    promote.add_argument(
+        "--corpus",
+        default=None,
+        help="corpus folder (default: the shipped corpus, regressions/traces in a checkout)",
+    )
     promote.set_defaults(func=cmd_promote)
 
     faults = commands.add_parser("faults", help="list the fault catalogue")
@@ -454,9 +469,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    checkout = find_checkout()
-    if str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))
     code: int = args.func(args)
     return code
 

@@ -29,6 +29,8 @@ import attrs
 
 from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
+from kvcheck.models.manager_model import ManagerModel
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -46,8 +48,6 @@ from kvcheck.ops import (
 from kvcheck.scopes import Scope
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
-from models.invariants import InvariantViolation
-from models.manager_model import ManagerModel
 
 
 def candidate_ops(model: ManagerModel, scope: Scope, feature: str, num_added: int) -> Iterator[Operation]:

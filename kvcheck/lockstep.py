@@ -8,10 +8,10 @@ State machines, trace replay and plain random drivers all step through a
 from __future__ import annotations
 
 from kvcheck.config import TargetConfig
+from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
+from kvcheck.models.manager_model import ManagerModel
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
-from models.invariants import InvariantViolation, StepCheck, check_all
-from models.manager_model import ManagerModel
 
 
 class Lockstep:

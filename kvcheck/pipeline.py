@@ -18,7 +18,7 @@ connectors.
 
 This is scheduler logic, not allocator logic, so it is written once here
 and driven by both :class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`
-and :class:`~models.manager_model.ManagerModel`; each supplies the
+and :class:`~kvcheck.models.manager_model.ManagerModel`; each supplies the
 allocator-side effects as callbacks.
 """
 

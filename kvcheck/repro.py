@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 from kvcheck.config import TargetConfig
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import Operation
 from kvcheck.trace import Expectation, Provenance, Trace
-from models.invariants import InvariantViolation
 
 STANDALONE = '''"""Standalone repro: {invariant} violated at step {step}.
 

@@ -15,6 +15,7 @@ import attrs
 
 from kvcheck.config import ConfigError, TargetConfig
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -26,7 +27,6 @@ from kvcheck.ops import (
 )
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
-from models.invariants import InvariantViolation
 
 Ops = tuple[Operation, ...]
 

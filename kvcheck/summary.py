@@ -24,7 +24,7 @@ class SuiteSummary:
             self.results.append((report.nodeid, report.outcome, report.duration))
 
     def lines(self) -> list[str]:
-        from stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
+        from kvcheck.stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
 
         seconds = time.perf_counter() - self.started
         steps = Lockstep.total_steps - self.steps_before

@@ -18,6 +18,7 @@ import attrs
 from kvcheck.config import TargetConfig
 from kvcheck.config_space import random_config
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -33,7 +34,6 @@ from kvcheck.ops import (
     StartAsyncLoad,
 )
 from kvcheck.targets import TargetFactory
-from models.invariants import InvariantViolation
 
 OP_KINDS = (
     "add",

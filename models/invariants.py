@@ -15,9 +15,9 @@ from collections.abc import Callable
 import attrs
 
 from kvcheck.config import TargetConfig
+from kvcheck.models.manager_model import ceil_div
 from kvcheck.observation import Observation
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
-from models.manager_model import ceil_div
 
 
 @attrs.frozen

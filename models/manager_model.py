@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.models.pool_model import NULL, PoolModel
 from kvcheck.observation import Observation
 from kvcheck.ops import (
     AddRequest,
@@ -24,7 +25,6 @@ from kvcheck.ops import (
     plan_schedule,
 )
 from kvcheck.pipeline import StepPipeline
-from models.pool_model import NULL, PoolModel
 
 
 def ceil_div(n_tokens: int, block_size: int) -> int:

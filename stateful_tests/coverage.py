@@ -11,6 +11,7 @@ from collections import Counter
 
 import attrs
 
+from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.ops import (
     FailedLoad,
     FinishAsyncLoad,
@@ -21,7 +22,6 @@ from kvcheck.ops import (
     SpecDecode,
     StepResult,
 )
-from models.manager_model import ManagerModel, skipped_tokens
 
 POOL_EXHAUSTED = "pool exhausted"
 ALLOCATION_REFUSED = "allocation returned None"

@@ -22,9 +22,9 @@ from kvcheck.ops import (
     StartAsyncLoad,
     describe_op,
 )
+from kvcheck.stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
+from kvcheck.stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
 from kvcheck.targets import TargetFactory
-from stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
-from stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
 
 
 def manager_machine(

@@ -6,7 +6,7 @@ order of magnitude more examples and longer runs).  Choose one with
 ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME``.
 
 The manager machine searches with Hypothesis and shrinks with kvcheck's own
-trace shrinker (:mod:`stateful_tests.run`), so the profiles leave out
+trace shrinker (:mod:`kvcheck.stateful_tests.run`), so the profiles leave out
 Hypothesis's explain phase, and the manager machine also its shrink phase.
 """
 
@@ -63,9 +63,11 @@ def pin_generation_constants() -> None:
     providers.CONSTANTS_CACHE.cache.clear()
 
 
-def register_profiles() -> None:
-    """Register the profiles and load the one the environment asks for."""
+def register_profiles(chosen: str | None = None) -> None:
+    """Register the profiles and load ``chosen`` (``--hypothesis-profile``), or else the one the
+    environment asks for."""
     for name, profile in PROFILES.items():
         settings.register_profile(name, profile)
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+    default = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+    settings.load_profile(chosen or default)
     pin_generation_constants()

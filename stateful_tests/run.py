@@ -17,12 +17,12 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.shrink import replay_violation, shrink
+from kvcheck.stateful_tests.manager_machine import manager_machine
+from kvcheck.stateful_tests.profiles import SEARCH_PHASES
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
-from models.invariants import InvariantViolation
-from stateful_tests.manager_machine import manager_machine
-from stateful_tests.profiles import SEARCH_PHASES
 
 
 @attrs.define(auto_exc=True, str=False)

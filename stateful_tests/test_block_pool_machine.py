@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvcheck.stateful_tests.block_pool_machine import block_pool_machine
 from kvcheck.targets import load_pool
-from stateful_tests.block_pool_machine import block_pool_machine
 
 
 def test_block_pool_matches_the_pool_model_after_every_step(allocator: str) -> None:

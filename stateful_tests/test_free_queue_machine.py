@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvcheck.stateful_tests.free_queue_machine import free_queue_machine
 from kvcheck.targets import load_queue
-from stateful_tests.free_queue_machine import free_queue_machine
 
 
 def test_free_queue_walks_match_a_plain_list_after_every_step(allocator: str) -> None:

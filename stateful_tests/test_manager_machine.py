@@ -6,9 +6,9 @@ import warnings
 
 from hypothesis import settings
 
+from kvcheck.stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
+from kvcheck.stateful_tests.run import run_manager_machine
 from kvcheck.targets import TargetFactory
-from stateful_tests.coverage import ALL_LABELS, LABELS_SEEN
-from stateful_tests.run import run_manager_machine
 
 
 def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_groups: int | None) -> None:

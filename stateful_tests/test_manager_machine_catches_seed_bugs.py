@@ -8,7 +8,7 @@ carry kvcheck's plants, so for it the machine's reach is checked on kvcore.  The
 whatever profile is loaded: seeded from several fixed seeds, the ``dev``
 budget each (1,000 examples; a planted seed bug is found in a second or two,
 so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
-before in the process (:func:`stateful_tests.profiles.pin_generation_constants`),
+before in the process (:func:`kvcheck.stateful_tests.profiles.pin_generation_constants`),
 and shrinking is kvcheck's own, which is deterministic and not bounded by
 time, so the outcome is the same under any ``-n``, test order or load.
 Catching the bug from every seed, not one lucky one, is the point:
@@ -22,9 +22,9 @@ from hypothesis import settings
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.replay import resolve_target
+from kvcheck.stateful_tests.profiles import PROFILES
+from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 from kvcheck.targets import component_allocators
-from stateful_tests.profiles import PROFILES
-from stateful_tests.run import ShrunkViolation, run_manager_machine
 
 SEEDS = (0, 1, 2)
 

@@ -8,6 +8,8 @@ snapshots.  Machines, traces and drivers only ever talk to this interface.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -60,6 +62,9 @@ def load_target(spec: str) -> TargetFactory:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"target {spec!r}: expected 'kvcore', 'vllm' or 'package.module:factory'")
+    # A factory in the folder kvcheck runs from is found, as `python -m` would find it.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -82,7 +87,7 @@ def component_allocators(spec: str) -> list[str]:
 
 
 def load_queue(allocator: str) -> Callable[[int], Any]:
-    """The free-queue target factory of a built-in allocator (see :mod:`stateful_tests.free_queue_machine`)."""
+    """The free-queue target factory of a built-in allocator (see :mod:`kvcheck.stateful_tests.free_queue_machine`)."""
     if allocator == "kvcore":
         from kvcheck.targets.kvcore_queue import KvcoreQueue
 
@@ -95,7 +100,7 @@ def load_queue(allocator: str) -> Callable[[int], Any]:
 
 
 def load_pool(allocator: str) -> Callable[[int, bool], Any]:
-    """The block-pool target factory of a built-in allocator (see :mod:`stateful_tests.block_pool_machine`)."""
+    """The block-pool target factory of a built-in allocator (see :mod:`kvcheck.stateful_tests.block_pool_machine`)."""
     if allocator == "kvcore":
         from kvcheck.targets.kvcore_pool import KvcorePool
 

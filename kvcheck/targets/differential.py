@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import attrs
 
 from kvcheck.config import TargetConfig
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.observation import Observation
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
-from models.invariants import InvariantViolation
 
 COMPARED_FIELDS = ("tables", "free_order", "ref_counts", "cache_entries")
 

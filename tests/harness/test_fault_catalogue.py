@@ -8,6 +8,7 @@ import pytest
 from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.faults import FAULTS, get_fault
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import (
     AddRequest,
     FailedLoad,
@@ -20,7 +21,6 @@ from kvcheck.ops import (
     StartAsyncLoad,
 )
 from kvcheck.targets import load_target
-from models.invariants import InvariantViolation
 
 FULL = GroupSpec("full")
 

@@ -9,9 +9,9 @@ import pytest
 
 from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
 from kvcheck.ops import AddRequest, Finish, Schedule
 from kvcheck.targets import load_target
-from models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
 
 CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
 

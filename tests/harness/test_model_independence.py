@@ -29,7 +29,7 @@ def test_importing_the_model_loads_no_kvcore_module() -> None:
     """Importing every model module, in a fresh interpreter, leaves kvcore unloaded."""
     code = (
         "import sys\n"
-        "import models.manager_model, models.pool_model, models.invariants\n"
+        "import kvcheck.models.manager_model, kvcheck.models.pool_model, kvcheck.models.invariants\n"
         "loaded = sorted(m for m in sys.modules if m == 'kvcore' or m.startswith('kvcore.'))\n"
         "print(','.join(loaded))\n"
     )

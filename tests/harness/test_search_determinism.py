@@ -4,7 +4,7 @@ The seed-bug tests rely on it: a search that drove other operations after
 other tests had run, or under another string-hash seed, could catch a bug
 alone and miss it in the gate.  Hypothesis may draw values from the
 constants of every local module in ``sys.modules``
-(:func:`stateful_tests.profiles.pin_generation_constants` pins that pool),
+(:func:`kvcheck.stateful_tests.profiles.pin_generation_constants` pins that pool),
 and Python's string hashing changes set order from one process to the next.
 Each search here runs in a fresh interpreter: one plain, one that first
 imports a local module full of integer constants and hashes strings with
@@ -27,8 +27,8 @@ if {import_constants!r}:
     import kvcheck_constants_module  # noqa: F401
 from hypothesis import settings
 from kvcheck.targets.kvcore_target import KvcoreTarget
-from stateful_tests.profiles import PROFILES, pin_generation_constants
-from stateful_tests.run import run_manager_machine
+from kvcheck.stateful_tests.profiles import PROFILES, pin_generation_constants
+from kvcheck.stateful_tests.run import run_manager_machine
 
 pin_generation_constants()
 digest = hashlib.sha256()

@@ -1,0 +1,95 @@
+"""kvcheck's pytest plugin: the suite's command-line options, the target fixture and the repro hook.
+
+Installed with kvcheck (entry point ``pytest11``: ``kvcheck``), so the
+suite runs from any folder against any allocator::
+
+    pytest -p kvcheck --pyargs kvcheck.stateful_tests kvcheck.regressions --target mypkg.module:factory
+
+The plugin only adds options and a fixture: it loads no Hypothesis profile
+and parametrizes nothing outside kvcheck's own suite (that is the suite's
+``conftest.py``), so the other tests of a repository that has kvcheck
+installed run as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvcheck.lockstep import Lockstep
+from kvcheck.models.invariants import InvariantViolation
+from kvcheck.replay import resolve_target
+from kvcheck.repro import failing_trace, write_repro
+from kvcheck.targets import TargetFactory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvcheck")
+    group.addoption(
+        "--target",
+        default="kvcore",
+        help=(
+            "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
+            "or several of those joined by '+' (e.g. 'kvcore+vllm'), compared step by step"
+        ),
+    )
+    group.addoption(
+        "--fault",
+        default=None,
+        help=(
+            "plant a catalogued fault (see `kvcheck faults`) into the target: any fault into kvcore, "
+            "those expressed against vllm into vllm too; the suite should then fail"
+        ),
+    )
+    group.addoption(
+        "--groups",
+        type=int,
+        default=None,
+        help="fix the number of KV-cache groups (default: one run drawing 1 to 4 per example, then 2, 3 and 4)",
+    )
+    group.addoption(
+        "--repros",
+        default="repros",
+        help="folder a failing run's shrunk trace and standalone test are written to (default: repros)",
+    )
+
+
+@pytest.fixture
+def make_target(request: pytest.FixtureRequest) -> TargetFactory:
+    """The factory of the target under test, from --target (and --fault: planted into kvcore, or
+    into vLLM for the faults expressed against it)."""
+    try:
+        return resolve_target(request.config.getoption("--target"), request.config.getoption("--fault"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--target/--fault: {exc}") from None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """When a machine fails an invariant, write the shrunk trace and a standalone test beside it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or call.excinfo is None:
+        return
+    violation = call.excinfo.value
+    while violation is not None and not isinstance(violation, InvariantViolation):
+        violation = violation.__cause__ or violation.__context__
+    lockstep = Lockstep.latest
+    if violation is None or lockstep is None or len(lockstep.trace) < violation.step:
+        return
+    fault = item.config.getoption("--fault")
+    trace = failing_trace(lockstep.config, lockstep.trace, violation, fault, f"{item.nodeid}")
+    stem = f"{item.name.removeprefix('test_')}-{violation.invariant}"
+    folder = Path(item.config.getoption("--repros"))
+    json_path, py_path = write_repro(trace, folder, stem, item.config.getoption("--target"))
+    flag = f" --fault {fault}" if fault else ""
+    report.sections.append(
+        (
+            "kvcheck repro",
+            f"shrunk trace ({len(trace.ops)} steps): {json_path}\n"
+            f"standalone test: {py_path}\n"
+            f"replay: kvcheck replay {json_path}{flag}\n"
+            f"show:   kvcheck show {json_path}{flag}\n",
+        )
+    )
