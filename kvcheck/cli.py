@@ -80,6 +80,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         "-q",
         "-p",
         "no:cacheprovider",
+        # kvcheck is imported before pytest starts, so pytest cannot rewrite the plugin's asserts.
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
         f"--target={args.target}",
         f"--repros={Path('repros').resolve()}",
     ]
@@ -89,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         pytest_args.append(f"--groups={args.groups}")
     if args.profile:
         pytest_args.append(f"--hypothesis-profile={args.profile}")
-    summary = SuiteSummary(args.target, args.fault)
+    summary = SuiteSummary(args.target, args.fault, args.groups)
     code = pytest.main(pytest_args, plugins=[summary])
     for line in summary.lines():
         print(line)

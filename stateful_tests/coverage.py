@@ -55,6 +55,16 @@ ALL_LABELS = (
     ASYNC_LOAD_CACHED,
 )
 
+
+
+def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
+    """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
+    1 to 4): a hit across all groups needs two groups at least."""
+    if num_groups == 1:
+        return tuple(label for label in ALL_LABELS if label != HIT_ACROSS_ALL_GROUPS)
+    return ALL_LABELS
+
+
 LABELS_SEEN: Counter[str] = Counter()
 """Every label reached in this process, for the test that all of them are."""
 
