@@ -83,13 +83,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         # kvcheck is imported before pytest starts, so pytest cannot rewrite the plugin's asserts.
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
-        f"--target={args.target}",
-        f"--repros={Path('repros').resolve()}",
+        f"--kvcheck-target={args.target}",
+        f"--kvcheck-repros={Path('repros').resolve()}",
     ]
     if args.fault:
-        pytest_args.append(f"--fault={args.fault}")
+        pytest_args.append(f"--kvcheck-fault={args.fault}")
     if args.groups:
-        pytest_args.append(f"--groups={args.groups}")
+        pytest_args.append(f"--kvcheck-groups={args.groups}")
     if args.profile:
         pytest_args.append(f"--hypothesis-profile={args.profile}")
     summary = SuiteSummary(args.target, args.fault, args.groups)
@@ -382,6 +382,34 @@ def cmd_explore(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- export -----------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from kvcheck.export import ExportError, default_output_name, export_trace
+    from kvcheck.targets.vllm_target import VllmUnavailable
+    from kvcheck.trace import Trace
+
+    loaded = _load([args.trace])
+    if isinstance(loaded, int):
+        return loaded
+    path, trace = loaded[0]
+    assert isinstance(trace, Trace)
+    output = Path(args.output) if args.output else Path(default_output_name(path))
+    try:
+        text = export_trace(trace, path)
+    except VllmUnavailable as exc:
+        return _bad_input(f"{path}: cannot export: {exc}")
+    except ExportError as exc:
+        return _bad_input(str(exc))
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        return _bad_input(f"{output}: cannot write the exported test: {exc.strerror or exc}")
+    print(output)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kvcheck.scopes import FEATURES, LAYOUTS, SCOPES
 
@@ -467,6 +495,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explore.add_argument("--repros", default="repros", help="where a counterexample's trace and test are written")
     explore.set_defaults(func=cmd_explore)
+
+    export = commands.add_parser(
+        "export", help="write a trace as a standalone pytest file for vLLM (imports vLLM only, not kvcheck)"
+    )
+    export.add_argument("trace", metavar="TRACE")
+    export.add_argument(
+        "-o", "--output", default=None, help="where to write it (default: test_<trace stem>_vllm.py in this folder)"
+    )
+    export.set_defaults(func=cmd_export)
     return parser
 
 

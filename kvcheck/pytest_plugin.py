@@ -3,12 +3,14 @@
 Installed with kvcheck (entry point ``pytest11``: ``kvcheck``), so the
 suite runs from any folder against any allocator::
 
-    pytest -p kvcheck --pyargs kvcheck.stateful_tests kvcheck.regressions --target mypkg.module:factory
+    pytest -p kvcheck --pyargs kvcheck.stateful_tests kvcheck.regressions --kvcheck-target mypkg.module:factory
 
-The plugin only adds options and a fixture: it loads no Hypothesis profile
-and parametrizes nothing outside kvcheck's own suite (that is the suite's
-``conftest.py``), so the other tests of a repository that has kvcheck
-installed run as before.
+The plugin is loaded into every pytest run of a venv that has kvcheck
+installed, so it stays out of the way: its options are prefixed
+(``--kvcheck-target``, ``--kvcheck-fault``, ``--kvcheck-groups``,
+``--kvcheck-repros``; the checkout's ``conftest.py`` adds the short
+spellings), it loads no Hypothesis profile and parametrizes nothing outside
+kvcheck's own suite (that is the suite's ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -23,36 +25,48 @@ from kvcheck.replay import resolve_target
 from kvcheck.repro import failing_trace, write_repro
 from kvcheck.targets import TargetFactory
 
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("kvcheck")
-    group.addoption(
-        "--target",
-        default="kvcore",
-        help=(
+OPTIONS: dict[str, dict[str, object]] = {
+    "target": {
+        "default": "kvcore",
+        "metavar": "TARGET",
+        "help": (
             "allocator to drive: 'kvcore' (default), 'vllm', 'package.module:factory', "
             "or several of those joined by '+' (e.g. 'kvcore+vllm'), compared step by step"
         ),
-    )
-    group.addoption(
-        "--fault",
-        default=None,
-        help=(
+    },
+    "fault": {
+        "default": None,
+        "metavar": "FAULT",
+        "help": (
             "plant a catalogued fault (see `kvcheck faults`) into the target: any fault into kvcore, "
             "those expressed against vllm into vllm too; the suite should then fail"
         ),
-    )
-    group.addoption(
-        "--groups",
-        type=int,
-        default=None,
-        help="fix the number of KV-cache groups (default: one run drawing 1 to 4 per example, then 2, 3 and 4)",
-    )
-    group.addoption(
-        "--repros",
-        default="repros",
-        help="folder a failing run's shrunk trace and standalone test are written to (default: repros)",
-    )
+    },
+    "groups": {
+        "type": int,
+        "default": None,
+        "metavar": "N",
+        "help": "fix the number of KV-cache groups (default: one run drawing 1 to 4 per example, then 2, 3 and 4)",
+    },
+    "repros": {
+        "default": "repros",
+        "metavar": "DIR",
+        "help": "folder a failing run's shrunk trace and standalone test are written to (default: repros)",
+    },
+}
+"""The suite's options by short name; the plugin registers them as ``--kvcheck-NAME`` (read them with
+``config.getoption("kvcheck_NAME")``)."""
+
+
+def add_options(parser: pytest.Parser, prefix: str) -> None:
+    """Register the suite's options as ``--{prefix}NAME``, all stored under ``kvcheck_NAME``."""
+    group = parser.getgroup("kvcheck")
+    for name, settings in OPTIONS.items():
+        group.addoption(f"--{prefix}{name}", dest=f"kvcheck_{name}", **settings)  # type: ignore[arg-type]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser, "kvcheck-")
 
 
 @pytest.fixture
@@ -60,9 +74,9 @@ def make_target(request: pytest.FixtureRequest) -> TargetFactory:
     """The factory of the target under test, from --target (and --fault: planted into kvcore, or
     into vLLM for the faults expressed against it)."""
     try:
-        return resolve_target(request.config.getoption("--target"), request.config.getoption("--fault"))
+        return resolve_target(request.config.getoption("kvcheck_target"), request.config.getoption("kvcheck_fault"))
     except ValueError as exc:
-        raise pytest.UsageError(f"--target/--fault: {exc}") from None
+        raise pytest.UsageError(f"--kvcheck-target/--kvcheck-fault: {exc}") from None
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -78,11 +92,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     lockstep = Lockstep.latest
     if violation is None or lockstep is None or len(lockstep.trace) < violation.step:
         return
-    fault = item.config.getoption("--fault")
+    fault = item.config.getoption("kvcheck_fault")
     trace = failing_trace(lockstep.config, lockstep.trace, violation, fault, f"{item.nodeid}")
     stem = f"{item.name.removeprefix('test_')}-{violation.invariant}"
-    folder = Path(item.config.getoption("--repros"))
-    json_path, py_path = write_repro(trace, folder, stem, item.config.getoption("--target"))
+    folder = Path(item.config.getoption("kvcheck_repros"))
+    json_path, py_path = write_repro(trace, folder, stem, item.config.getoption("kvcheck_target"))
     flag = f" --fault {fault}" if fault else ""
     report.sections.append(
         (

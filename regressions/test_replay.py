@@ -46,7 +46,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "planted_into" not in metafunc.fixturenames:
         return
     pairs = [("kvcore", path) for path in TAGGED]
-    if "vllm" in component_allocators(metafunc.config.getoption("--target")):
+    if "vllm" in component_allocators(metafunc.config.getoption("kvcheck_target")):
         pairs += [("vllm", path) for path in TAGGED_ON_VLLM]
     metafunc.parametrize(("planted_into", "path"), pairs, ids=[f"{a}-{p.stem}" for a, p in pairs])
 

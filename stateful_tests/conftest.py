@@ -23,7 +23,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         _parametrize_allocators(metafunc)
     if "num_groups" not in metafunc.fixturenames:
         return
-    groups: int | None = metafunc.config.getoption("--groups")
+    groups: int | None = metafunc.config.getoption("kvcheck_groups")
     if groups is not None and not 1 <= groups <= 8:
         raise pytest.UsageError(f"--groups={groups}: must be between 1 and 8")
     layouts = GROUP_LAYOUTS if groups is None else (groups,)
@@ -33,7 +33,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _parametrize_allocators(metafunc: pytest.Metafunc) -> None:
     """The free-queue and block-pool machines run on each built-in allocator that --target names."""
-    spec = metafunc.config.getoption("--target")
+    spec = metafunc.config.getoption("kvcheck_target")
     allocators = component_allocators(spec)
     if allocators:
         metafunc.parametrize("allocator", allocators)

@@ -56,7 +56,6 @@ ALL_LABELS = (
 )
 
 
-
 def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
     """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
     1 to 4): a hit across all groups needs two groups at least."""

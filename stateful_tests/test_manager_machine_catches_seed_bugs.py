@@ -34,7 +34,7 @@ SEARCH = settings(PROFILES["ci"], max_examples=PROFILES["dev"].max_examples)
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "planted_into" in metafunc.fixturenames:
-        allocators = component_allocators(metafunc.config.getoption("--target")) or ["kvcore"]
+        allocators = component_allocators(metafunc.config.getoption("kvcheck_target")) or ["kvcore"]
         metafunc.parametrize("planted_into", allocators)
 
 

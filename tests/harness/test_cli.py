@@ -292,7 +292,7 @@ def test_run_accepts_options_at_their_limits(
     code, out, err = kvcheck(capsys, "run", "--groups", limits.MAX_GROUPS, "--seed", limits.MAX_SEED, "--swarm-runs", 0)
     assert code == EXIT_OK, out + err
     assert len(received) == 1
-    assert f"--groups={limits.MAX_GROUPS}" in received[0], received
+    assert f"--kvcheck-groups={limits.MAX_GROUPS}" in received[0], received
 
 
 def test_kill_matrix_accepts_options_at_their_limits(

@@ -30,6 +30,24 @@ def factory(config):
 '''
 
 
+OWN_CONFTEST = """def pytest_addoption(parser):
+    parser.addoption("--target", default="theirs")
+"""
+
+OWN_TEST = """from hypothesis import given, settings, strategies as st
+
+
+def test_their_option(request):
+    assert request.config.getoption("--target") == "mine"
+
+
+@given(st.integers())
+def test_their_hypothesis_profile_is_untouched(value):
+    # Hypothesis's own defaults: kvcheck's profiles (400 or more examples, 40-step runs) stay unloaded.
+    assert (settings.default.max_examples, settings.default.stateful_step_count) == (100, 50)
+"""
+
+
 def _tracked_files() -> list[str]:
     listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
     if listed.returncode != 0:
@@ -111,9 +129,9 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
                 "--pyargs",
                 "kvcheck.stateful_tests",
                 "kvcheck.regressions",
-                "--target",
+                "--kvcheck-target",
                 "myalloc:factory",
-                "--groups",
+                "--kvcheck-groups",
                 "1",
             ],
             work,
@@ -122,6 +140,14 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
         "pytest -p kvcheck --pyargs kvcheck.stateful_tests kvcheck.regressions",
     )
     assert " passed" in plugin and "failed" not in plugin, plugin
+
+    # The plugin loads into every pytest run of the venv; a repository's own tests, with an option of
+    # their own named --target and Hypothesis tests of their own, run as before.
+    own = work / "own_tests"
+    own.mkdir()
+    (own / "conftest.py").write_text(OWN_CONFTEST)
+    (own / "test_own.py").write_text(OWN_TEST)
+    _must(_run([str(bin_dir / "pytest"), "-q", "own_tests", "--target", "mine"], work, env), "a repository's own tests")
 
     faulty = _run(
         [
