@@ -397,7 +397,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     assert isinstance(trace, Trace)
     output = Path(args.output) if args.output else Path(default_output_name(path))
     try:
-        text = export_trace(trace, path)
+        text = export_trace(trace, path, output.name)
     except VllmUnavailable as exc:
         return _bad_input(f"{path}: cannot export: {exc}")
     except ExportError as exc:
