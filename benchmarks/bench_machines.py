@@ -99,6 +99,36 @@ def main() -> None:
             )
             swarm_best[(check, features)] = max(swarm_best.get((check, features), 0.0), report.steps / report.seconds)
     print_table(f"swarm driver, kvcore, {args.examples} runs x {args.steps} steps, best of {args.repeats}", swarm_best)
+    print_fast_mode(args)
+
+
+FAST_INTERVALS = (1, 4, 8, 16)
+"""Steps between two full checks of the swarm driver's state (1: today's path, every step)."""
+
+
+def print_fast_mode(args: argparse.Namespace) -> None:
+    """The swarm driver's fast mode, same draws: the whole state checked every N steps (and at each run's
+    end, and while steps are in flight), the step's results in between; against every step and no checks."""
+    best: dict[int | None, float] = {}
+    for _ in range(args.repeats):
+        for every in (*FAST_INTERVALS, None):
+            report = swarm(
+                load_target("kvcore"),
+                seed=0,
+                max_runs=args.examples,
+                steps_per_run=args.steps,
+                check=every is not None,
+                full_check_every=every or 1,
+            )
+            best[every] = max(best.get(every, 0.0), report.steps / report.seconds)
+    print(
+        f"swarm driver fast mode, kvcore, features on, {args.examples} runs x {args.steps} steps, "
+        f"best of {args.repeats}"
+    )
+    for every in FAST_INTERVALS:
+        name = "every step (today's path)" if every == 1 else f"every {every} steps"
+        print(f"  {'full check ' + name:36} {best[every]:10,.0f} steps/s  {best[every] / best[1]:5.2f}x")
+    print(f"  {'checks off (the ceiling)':36} {best[None]:10,.0f} steps/s  {best[None] / best[1]:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -64,6 +64,9 @@ MAX_REQUEST_ID_CHARS = 256
 MAX_SWARM_RUNS = 1_000_000
 """``kvcheck run --swarm-runs`` and ``kvcheck kill-matrix --runs``."""
 
+MAX_FULL_CHECK_EVERY = 1000
+"""``--full-check-every``: steps between two full checks of the swarm driver's state."""
+
 MAX_SEED = 2**32 - 1
 """``kvcheck run --seed``."""
 

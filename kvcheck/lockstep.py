@@ -8,8 +8,16 @@ State machines, trace replay and plain random drivers all step through a
 from __future__ import annotations
 
 from kvcheck.config import TargetConfig
-from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
+from kvcheck.models.invariants import (
+    NOT_OBSERVED,
+    InvariantViolation,
+    StepCheck,
+    check_all,
+    check_results,
+    in_flight_blocks_held,
+)
 from kvcheck.models.manager_model import ManagerModel
+from kvcheck.observation import Observation
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
 
@@ -22,23 +30,51 @@ class Lockstep:
     latest: Lockstep | None = None
     """The most recently created Lockstep: after a failing test, the one that failed."""
 
-    def __init__(self, make_target: TargetFactory, config: TargetConfig, check: bool = True) -> None:
+    def __init__(
+        self, make_target: TargetFactory, config: TargetConfig, check: bool = True, full_check_every: int = 1
+    ) -> None:
+        if full_check_every < 1:
+            raise ValueError(f"full_check_every: {full_check_every} is below the minimum of 1")
         self.config = config.validate()
+        self.make_target = make_target
         self.target: Target = make_target(config)
         self.model = ManagerModel(config)
         self.check = check
+        self.full_check_every = full_check_every
         self.trace: list[Operation] = []
         self.last: StepCheck | None = None
+        self.checked_in_full = 0
+        """The last step whose state was checked in full (0: none yet)."""
+        self._last_results = StepResult(), StepResult()
         Lockstep.latest = self
 
     def step(self, op: Operation) -> tuple[StepResult, StepResult]:
-        """Apply ``op`` to both; with checking on, raise the first invariant violation."""
+        """Apply ``op`` to both; with checking on, raise the first invariant violation.
+
+        With ``full_check_every`` N above 1, the state is checked in full every N steps and the
+        other steps check only what the step returned (admission, the hit, the new blocks); call
+        :meth:`finish` after the last step.  Any violation, wherever it shows, is reported as a
+        full check of every step reports it: the trace is replayed, checked in full, to the first
+        violation."""
         self.trace.append(op)
         Lockstep.total_steps += 1
+        try:
+            return self._step(op)
+        except InvariantViolation as violation:
+            raise self._first_violation(violation) from violation.__cause__
+
+    def finish(self) -> None:
+        """Check the state in full now, unless the last step was (at the end of a run)."""
+        if self.check and self.checked_in_full < len(self.trace):
+            try:
+                self._check_in_full(self.trace[-1], *self._last_results)
+            except InvariantViolation as violation:
+                raise self._first_violation(violation) from violation.__cause__
+
+    def _step(self, op: Operation) -> tuple[StepResult, StepResult]:
         step = len(self.trace)
         try:
             sut_result = self.target.apply(op)
-            sut = self.target.observe() if self.check else None
         except InvariantViolation:
             raise
         except Exception as exc:
@@ -46,22 +82,55 @@ class Lockstep:
                 "target_raised", step, describe_op(op), f"the target raised {type(exc).__name__}: {exc}"
             ) from exc
         model_result = self.model.apply(op)
-        if self.check:
-            assert sut is not None
-            self.last = StepCheck(
-                step=step,
-                op=op,
-                config=self.config,
-                sut_result=sut_result,
-                model_result=model_result,
-                sut=sut,
-                model=self.model.observe(),
+        if not self.check:
+            return sut_result, model_result
+        self._last_results = sut_result, model_result
+        if step % self.full_check_every == 0:
+            self._check_in_full(op, sut_result, model_result)
+            return sut_result, model_result
+        check_results(step, op, self.config, sut_result, model_result)
+        if self.model.pipeline.steps:
+            # A block read by a step in flight may be freed and handed out again before the step is
+            # processed, and all come right by the next full check: while steps are in flight, the
+            # target's own state is checked for it at every step (the model is not needed).
+            in_flight_blocks_held(
+                StepCheck(step, op, self.config, sut_result, model_result, self._observe(op), NOT_OBSERVED)
             )
-            check_all(self.last)
-            try:
-                self.target.check_internal()
-            except AssertionError as exc:
-                raise InvariantViolation(
-                    "target_self_check", self.last.step, describe_op(op), f"the target's own check failed: {exc}"
-                ) from exc
         return sut_result, model_result
+
+    def _observe(self, op: Operation) -> Observation:
+        try:
+            return self.target.observe()
+        except InvariantViolation:
+            raise  # a differential target's disagreement
+        except Exception as exc:
+            raise InvariantViolation(
+                "target_raised", len(self.trace), describe_op(op), f"the target raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _check_in_full(self, op: Operation, sut_result: StepResult, model_result: StepResult) -> None:
+        step = len(self.trace)
+        self.last = StepCheck(step, op, self.config, sut_result, model_result, self._observe(op), self.model.observe())
+        self.checked_in_full = step
+        check_all(self.last)
+        try:
+            self.target.check_internal()
+        except AssertionError as exc:
+            raise InvariantViolation(
+                "target_self_check", step, describe_op(op), f"the target's own check failed: {exc}"
+            ) from exc
+
+    def _first_violation(self, found: InvariantViolation) -> InvariantViolation:
+        """The violation a full check of every step reports first on this trace (``found`` itself
+        when every step was checked in full)."""
+        if self.full_check_every == 1:
+            return found
+        replay = Lockstep(self.make_target, self.config)
+        try:
+            for op in self.trace:
+                replay.step(op)
+        except InvariantViolation as first:
+            Lockstep.latest = self
+            return first
+        Lockstep.latest = self
+        return found

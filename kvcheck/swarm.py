@@ -166,12 +166,16 @@ def swarm(
     max_seconds: float | None = None,
     num_groups: int | None = None,
     check: bool = True,
+    full_check_every: int = 1,
     drafter_and_async: bool = True,
 ) -> SwarmReport:
     """Run random operation sequences until one breaks an invariant or the budget is spent.
 
-    ``check`` off skips the invariants and ``drafter_and_async`` off draws configurations without a
-    drafter, lookahead or async scheduling (see :func:`~kvcheck.config_space.random_config`)."""
+    ``check`` off skips the invariants; ``full_check_every`` N above 1 checks the whole state every
+    N steps and at the end of each run, and only the step's results in between, then reports a
+    violation as checking every step in full would (:class:`~kvcheck.lockstep.Lockstep`).
+    ``drafter_and_async`` off draws configurations without a drafter, lookahead or async
+    scheduling (see :func:`~kvcheck.config_space.random_config`)."""
     rng = random.Random(seed)
     report = SwarmReport()
     start = time.perf_counter()
@@ -180,7 +184,7 @@ def swarm(
         # Half the runs start warm, on a pool split evenly among the groups.
         warm = rng.random() < 0.5
         config = random_config(rng, num_groups, full_pool=warm, drafter_and_async=drafter_and_async)
-        lockstep = Lockstep(make_target, config, check=check)
+        lockstep = Lockstep(make_target, config, check=check, full_check_every=full_check_every)
         run = _Run(rng, lockstep)
         try:
             for op in run.warm_start() if warm else ():
@@ -190,8 +194,9 @@ def swarm(
                 for op in run.next_ops():
                     report.steps += 1
                     lockstep.step(op)
+            lockstep.finish()
         except InvariantViolation as violation:
-            report.failure = Failure(config, tuple(lockstep.trace), violation)
+            report.failure = Failure(config, tuple(lockstep.trace[: violation.step]), violation)
             break
     report.seconds = time.perf_counter() - start
     return report

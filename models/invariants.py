@@ -384,6 +384,26 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
 )
 
 
+NOT_OBSERVED = Observation((), (), 0, {}, {}, frozenset(), {})
+"""The observation of a step whose state is not looked at (see :func:`check_results`)."""
+
+
+def check_results(
+    step: int, op: Operation, config: TargetConfig, sut_result: StepResult, model_result: StepResult
+) -> None:
+    """The invariants, or their parts, that need only what a step returned, no observation: the
+    admission, the hit, the newly allocated blocks (in the reuse-order invariant of the caching mode)
+    and the reset's outcome.  The steps between two full checks (:class:`kvcheck.lockstep.Lockstep`
+    with ``full_check_every``) run these."""
+    check = StepCheck(step, op, config, sut_result, model_result, NOT_OBSERVED, NOT_OBSERVED)
+    admission_matches_model(check)
+    hit_is_sound_and_maximal(check)
+    if sut_result.new_block_ids != model_result.new_block_ids:
+        invariant = "lru_eviction_when_caching_on" if config.enable_caching else "lifo_head_reuse_when_caching_off"
+        _fail(check, invariant, "newly allocated blocks differ", model_result.new_block_ids, sut_result.new_block_ids)
+    reset_refused_only_while_held(check)
+
+
 def check_all(check: StepCheck) -> None:
     """Run every invariant in order; the first violation is raised."""
     for invariant in ALL_INVARIANTS:
