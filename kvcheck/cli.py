@@ -15,7 +15,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcheck.limits import MAX_GROUPS, MAX_KILL_MATRIX_SEEDS, MAX_SEED, MAX_SWARM_RUNS, above
+from kvcheck.limits import (
+    MAX_FULL_CHECK_EVERY,
+    MAX_GROUPS,
+    MAX_KILL_MATRIX_SEEDS,
+    MAX_SEED,
+    MAX_SWARM_RUNS,
+    above,
+)
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -69,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         [
             ("--groups", args.groups, 1, MAX_GROUPS),
             ("--swarm-runs", args.swarm_runs, 0, MAX_SWARM_RUNS),
+            ("--full-check-every", args.full_check_every, 1, MAX_FULL_CHECK_EVERY),
             ("--seed", args.seed, 0, MAX_SEED),
         ]
     )
@@ -108,10 +116,17 @@ def _run_swarm(args: argparse.Namespace) -> bool:
     from kvcheck.swarm import swarm
 
     make_target = resolve_target(args.target, args.fault)
-    report = swarm(make_target, seed=args.seed, max_runs=args.swarm_runs, num_groups=args.groups)
+    report = swarm(
+        make_target,
+        seed=args.seed,
+        max_runs=args.swarm_runs,
+        num_groups=args.groups,
+        full_check_every=args.full_check_every,
+    )
+    every = "every step" if args.full_check_every == 1 else f"every {args.full_check_every} steps"
     print(
         f"  swarm driver: {report.runs:,} runs, {report.steps:,} steps in {report.seconds:.1f}s "
-        f"({report.steps / max(report.seconds, 1e-9):,.0f} steps/s, seed {args.seed})"
+        f"({report.steps / max(report.seconds, 1e-9):,.0f} steps/s, seed {args.seed}, state checked in full {every})"
     )
     if report.failure is None:
         print("  swarm verdict: every invariant held")
@@ -410,6 +425,55 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- campaign ---------------------------------------------------------------------
+
+
+MAX_CAMPAIGN_WORKERS = 4096
+
+
+def cmd_campaign(args: argparse.Namespace) -> int:
+    import math
+
+    from kvcheck.campaign import RAY_MISSING, import_ray, run_campaign, summary_lines
+    from kvcheck.replay import resolve_target
+
+    if not math.isfinite(args.minutes) or args.minutes <= 0:
+        return _bad_input(f"--minutes: expected a number of minutes above 0, got {args.minutes}")
+    refusal = _out_of_range(
+        [
+            ("--workers", args.workers, 1, MAX_CAMPAIGN_WORKERS),
+            ("--groups", args.groups, 1, MAX_GROUPS),
+            ("--seed", args.seed, 0, MAX_SEED),
+            ("--full-check-every", args.full_check_every, 1, MAX_FULL_CHECK_EVERY),
+        ]
+    )
+    if refusal is not None:
+        return _bad_input(refusal)
+    try:
+        resolve_target(args.target, args.fault)
+    except ValueError as exc:
+        return _bad_input(str(exc))
+    ray = import_ray()
+    if ray is None:
+        return _bad_input(RAY_MISSING)
+    report = run_campaign(
+        ray,
+        minutes=args.minutes,
+        address=args.address,
+        workers=args.workers,
+        target=args.target,
+        fault=args.fault,
+        num_groups=args.groups,
+        seed=args.seed,
+        repros=Path(args.repros),
+        database=Path(args.database) if args.database else None,
+        full_check_every=args.full_check_every,
+    )
+    for line in summary_lines(report):
+        print(line)
+    return EXIT_OK if report.clean else EXIT_VIOLATION
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kvcheck.scopes import FEATURES, LAYOUTS, SCOPES
 
@@ -431,6 +495,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"swarm driver runs after the machines (0: none; at most {MAX_SWARM_RUNS:,})",
     )
     run.add_argument("--seed", type=int, default=0, help=f"swarm driver seed (0 to {MAX_SEED})")
+    run.add_argument(
+        "--full-check-every",
+        type=int,
+        default=1,
+        help=(
+            "swarm driver: check the whole state every N steps and at the end of each run, only the step's "
+            "results in between (and steps in flight); a violation is still reported exactly, by a replay "
+            f"checked in full (default 1: every step; at most {MAX_FULL_CHECK_EVERY})"
+        ),
+    )
     run.set_defaults(func=cmd_run)
 
     rep = commands.add_parser("replay", help="replay traces, checking every invariant after every step")
@@ -495,6 +569,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explore.add_argument("--repros", default="repros", help="where a counterexample's trace and test are written")
     explore.set_defaults(func=cmd_explore)
+
+    campaign = commands.add_parser(
+        "campaign", help="search for a time budget with swarm, machine and explorer shards run on Ray"
+    )
+    target_options(campaign)
+    campaign.add_argument("--minutes", type=float, default=10.0, help="time budget in minutes (default 10)")
+    campaign.add_argument(
+        "--address", default=None, help="join the Ray cluster at this address (default: start Ray on this machine)"
+    )
+    campaign.add_argument(
+        "--workers", type=int, default=None, help="shards run at once (default: the CPUs of this machine or cluster)"
+    )
+    campaign.add_argument(
+        "--groups", type=int, default=None, help=f"fix the number of KV-cache groups (1 to {MAX_GROUPS})"
+    )
+    campaign.add_argument("--seed", type=int, default=0, help=f"first swarm and Hypothesis seed (0 to {MAX_SEED})")
+    campaign.add_argument("--repros", default="repros", help="where each distinct failure's trace and test are written")
+    campaign.add_argument(
+        "--database",
+        default=None,
+        help="keep the machine shards' Hypothesis example database in this folder (default: a temporary one)",
+    )
+    campaign.add_argument(
+        "--full-check-every",
+        type=int,
+        default=1,
+        help=f"swarm shards check the whole state every N steps, as `kvcheck run` does (1 to {MAX_FULL_CHECK_EVERY})",
+    )
+    campaign.set_defaults(func=cmd_campaign)
 
     export = commands.add_parser(
         "export", help="write a trace as a standalone pytest file for vLLM (imports vLLM only, not kvcheck)"

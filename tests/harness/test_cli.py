@@ -245,6 +245,13 @@ OPTION_LIMITS = [
     ("run", "--seed", 2**64, f"{2**64} is above the limit of {limits.MAX_SEED}"),
     ("run", "--groups", 0, "0 is below the minimum of 1"),
     ("run", "--groups", limits.MAX_GROUPS + 1, f"{limits.MAX_GROUPS + 1} is above the limit of {limits.MAX_GROUPS}"),
+    ("run", "--full-check-every", 0, "0 is below the minimum of 1"),
+    (
+        "run",
+        "--full-check-every",
+        limits.MAX_FULL_CHECK_EVERY + 1,
+        f"{limits.MAX_FULL_CHECK_EVERY + 1} is above the limit of {limits.MAX_FULL_CHECK_EVERY}",
+    ),
     ("kill-matrix", "--seeds", 0, "0 is below the minimum of 1"),
     ("kill-matrix", "--seeds", 10**6, f"1000000 is above the limit of {limits.MAX_KILL_MATRIX_SEEDS}"),
     ("kill-matrix", "--runs", -1, "-1 is below the minimum of 1"),
