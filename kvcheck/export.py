@@ -486,22 +486,9 @@ class RecordingTarget(VllmTarget):
     ) -> Any:
         # The call VllmTarget._allocate_slots makes, written out first.
         raw = unwrap(request)
-        gates = self._admission_gates(raw.request_id, raw.status != self._v.RequestStatus.RUNNING)
-        kwargs: dict[str, Any]
-        if hit is None:
-            kwargs = {"new_computed_blocks": None, "num_lookahead_tokens": num_lookahead_tokens, **gates}
-        else:
-            if self.names.get(id(hit)) != "hit":
-                raise AssertionError("allocate_slots was handed a hit that get_computed_blocks did not return")
-            hit_blocks, hit_length = hit
-            kwargs = {
-                "num_new_computed_tokens": hit_length,
-                "new_computed_blocks": hit_blocks,
-                "num_lookahead_tokens": num_lookahead_tokens,
-                "num_external_computed_tokens": external,
-                "delay_cache_blocks": delay_cache_blocks,
-                **gates,
-            }
+        if hit is not None and self.names.get(id(hit)) != "hit":
+            raise AssertionError("allocate_slots was handed a hit that get_computed_blocks did not return")
+        kwargs = self.allocate_slots_keywords(raw, hit, external, num_lookahead_tokens, delay_cache_blocks)
         # The hit is passed back as the variables get_computed_blocks returned it in.
         passed_back = {"num_new_computed_tokens": Atom("hit_tokens"), "new_computed_blocks": Atom("hit")}
         written = {

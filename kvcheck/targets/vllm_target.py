@@ -255,26 +255,31 @@ class VllmTarget(SchedulerDrivenTarget):
         num_lookahead_tokens: int,
         delay_cache_blocks: bool = False,
     ) -> Any:
+        keywords = self.allocate_slots_keywords(request, hit, external, num_lookahead_tokens, delay_cache_blocks)
+        return self.manager.allocate_slots(request, num_new_tokens, **keywords)
+
+    def allocate_slots_keywords(
+        self,
+        request: Any,
+        hit: tuple[Any, int] | None,
+        external: int,
+        num_lookahead_tokens: int,
+        delay_cache_blocks: bool = False,
+    ) -> dict[str, Any]:
+        """The keywords vLLM's scheduler passes to ``allocate_slots``: a waiting request's hit and
+        external tokens, and the admission gates."""
         gates = self._admission_gates(request.request_id, request.status != self._v.RequestStatus.RUNNING)
         if hit is None:
-            return self.manager.allocate_slots(
-                request,
-                num_new_tokens,
-                new_computed_blocks=None,
-                num_lookahead_tokens=num_lookahead_tokens,
-                **gates,
-            )
+            return {"new_computed_blocks": None, "num_lookahead_tokens": num_lookahead_tokens, **gates}
         hit_blocks, hit_length = hit
-        return self.manager.allocate_slots(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens=hit_length,
-            new_computed_blocks=hit_blocks,
-            num_lookahead_tokens=num_lookahead_tokens,
-            num_external_computed_tokens=external,
-            delay_cache_blocks=delay_cache_blocks,
+        return {
+            "num_new_computed_tokens": hit_length,
+            "new_computed_blocks": hit_blocks,
+            "num_lookahead_tokens": num_lookahead_tokens,
+            "num_external_computed_tokens": external,
+            "delay_cache_blocks": delay_cache_blocks,
             **gates,
-        )
+        }
 
     def _free(self, request: Any) -> None:
         self.manager.free(request)
