@@ -7,9 +7,10 @@
 # packages, so this installs torch 2.13.0 first, then the packages vLLM's
 # allocator modules import (requirements-vllm-cpu.txt, pinned) and vLLM
 # itself, both without dependency resolution, then this checkout (Hypothesis
-# and pytest come with it) and pytest-xdist; the test extra's Ray and linters
-# stay out of this venv.  pip warns that vLLM asks for torch 2.14.0 and a few other
-# exact pins: harmless for the allocator code.  Where the default index
+# and pytest come with it), pytest-xdist, and ruff (the exported tests are
+# checked with it); the test extra's Ray and mypy stay out of this venv.  pip
+# warns that vLLM asks for torch 2.14.0 and a few other exact pins: harmless
+# for the allocator code.  Where the default index
 # serves a CUDA torch, set TORCH_INDEX_URL to an index of CPU wheels.
 #
 # Kept out of the default set-up (.ci/run); the tests under tests/vllm skip
@@ -31,7 +32,7 @@ else
 fi
 "$venv/bin/pip" install --no-deps -r "$checkout/requirements-vllm-cpu.txt"
 "$venv/bin/pip" install --no-deps vllm==0.33.0
-"$venv/bin/pip" install -e "$checkout" "pytest-xdist>=3.5"
+"$venv/bin/pip" install -e "$checkout" "pytest-xdist>=3.5" "ruff>=0.6"
 # Importing vLLM's allocator takes 7-14 s on a laptop.
 "$venv/bin/python" -c "import vllm.v1.core.kv_cache_manager"
 echo "vLLM target ready; from the checkout: $venv/bin/kvcheck replay regressions/traces/*.json --target vllm"
