@@ -1,4 +1,5 @@
-"""The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix, explore.
+"""The kvcheck command: run the suite, replay and show traces, promote them, run the kill matrix, explore,
+run campaigns on Ray, export traces as vLLM-only tests.
 
 Exit codes: 0 success, 1 an invariant was violated (or a fault survived),
 2 bad input (a malformed trace, an unknown target or fault, a value above its
