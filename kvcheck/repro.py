@@ -13,8 +13,8 @@ from kvcheck.trace import Expectation, Provenance, Trace
 
 STANDALONE = '''"""Standalone repro: {invariant} violated at step {step}.
 
-Found by {origin}.  Run it alone with `pytest {py_name}` from the kvcheck
-checkout; it fails until the bug is fixed.  The same trace replays with
+Found by {origin}.  Run it alone with `pytest {py_name}` wherever kvcheck
+is installed; it fails until the bug is fixed.  The same trace replays with
 `kvcheck replay {json_name}{fault_flag}`.
 """
 
