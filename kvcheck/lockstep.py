@@ -7,6 +7,9 @@ State machines, trace replay and plain random drivers all step through a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from kvcheck.config import TargetConfig
 from kvcheck.models.invariants import (
     NOT_OBSERVED,
@@ -17,9 +20,10 @@ from kvcheck.models.invariants import (
     in_flight_blocks_held,
 )
 from kvcheck.models.manager_model import ManagerModel
-from kvcheck.observation import Observation
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
+
+T = TypeVar("T")
 
 
 class Lockstep:
@@ -73,14 +77,7 @@ class Lockstep:
 
     def _step(self, op: Operation) -> tuple[StepResult, StepResult]:
         step = len(self.trace)
-        try:
-            sut_result = self.target.apply(op)
-        except InvariantViolation:
-            raise
-        except Exception as exc:
-            raise InvariantViolation(
-                "target_raised", step, describe_op(op), f"the target raised {type(exc).__name__}: {exc}"
-            ) from exc
+        sut_result = self._on_target(op, lambda: self.target.apply(op))
         model_result = self.model.apply(op)
         if not self.check:
             return sut_result, model_result
@@ -94,15 +91,25 @@ class Lockstep:
             # processed, and all come right by the next full check: while steps are in flight, the
             # target's own state is checked for it at every step (the model is not needed).
             in_flight_blocks_held(
-                StepCheck(step, op, self.config, sut_result, model_result, self._observe(op), NOT_OBSERVED)
+                StepCheck(
+                    step,
+                    op,
+                    self.config,
+                    sut_result,
+                    model_result,
+                    self._on_target(op, self.target.observe),
+                    NOT_OBSERVED,
+                )
             )
         return sut_result, model_result
 
-    def _observe(self, op: Operation) -> Observation:
+    def _on_target(self, op: Operation, call: Callable[[], T]) -> T:
+        """``call()``, a call into the target; anything it raises but a violation (a differential
+        target's disagreement) is the invariant ``target_raised``."""
         try:
-            return self.target.observe()
+            return call()
         except InvariantViolation:
-            raise  # a differential target's disagreement
+            raise
         except Exception as exc:
             raise InvariantViolation(
                 "target_raised", len(self.trace), describe_op(op), f"the target raised {type(exc).__name__}: {exc}"
@@ -110,7 +117,8 @@ class Lockstep:
 
     def _check_in_full(self, op: Operation, sut_result: StepResult, model_result: StepResult) -> None:
         step = len(self.trace)
-        self.last = StepCheck(step, op, self.config, sut_result, model_result, self._observe(op), self.model.observe())
+        sut = self._on_target(op, self.target.observe)
+        self.last = StepCheck(step, op, self.config, sut_result, model_result, sut, self.model.observe())
         self.checked_in_full = step
         check_all(self.last)
         try:
@@ -130,7 +138,7 @@ class Lockstep:
             for op in self.trace:
                 replay.step(op)
         except InvariantViolation as first:
-            Lockstep.latest = self
             return first
-        Lockstep.latest = self
+        finally:
+            Lockstep.latest = self
         return found
