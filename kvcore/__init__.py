@@ -18,6 +18,7 @@ from kvcore.errors import (
     RequestTooLong,
     UnknownBlock,
 )
+from kvcore.events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from kvcore.free_queue import FreeBlockQueue
 from kvcore.hashing import hash_block_tokens, hash_request_blocks
 from kvcore.kv_cache_manager import KVCacheManager, hit_block_ids
@@ -25,8 +26,11 @@ from kvcore.request import Request
 
 __all__ = [
     "NULL_BLOCK_ID",
+    "AllBlocksCleared",
     "AttentionSpec",
     "BlockPool",
+    "BlockRemoved",
+    "BlockStored",
     "ChunkedLocalAttentionSpec",
     "FreeBlockQueue",
     "FullAttentionSpec",
@@ -34,6 +38,7 @@ __all__ = [
     "InvalidConfig",
     "KVBlock",
     "KVCacheConfig",
+    "KVCacheEvent",
     "KVCacheManager",
     "KVCoreError",
     "OutOfBlocks",

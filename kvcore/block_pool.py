@@ -6,6 +6,7 @@ from collections.abc import Iterable, Sequence
 
 from kvcore.block import NULL_BLOCK_ID, KVBlock
 from kvcore.errors import InvalidArgument, OutOfBlocks, RefCountUnderflow, UnknownBlock
+from kvcore.events import AllBlocksCleared, BlockRemoved, KVCacheEvent
 from kvcore.free_queue import FreeBlockQueue
 from kvcore.hashing import BlockHash, BlockHashWithGroup
 from kvcore.prefix_map import PrefixCacheMap
@@ -28,9 +29,15 @@ class BlockPool:
        evicted least recently freed first (LRU), so a popular prefix survives.
     4. Allocating a cached block evicts it: its hash leaves the map.
     5. Touching a free cached block (a prefix hit) takes it out of the queue.
+
+    With ``enable_kv_cache_events`` every cache entry dropped queues a
+    :class:`~kvcore.events.BlockRemoved` and a reset an
+    :class:`~kvcore.events.AllBlocksCleared`; the managers queue the
+    :class:`~kvcore.events.BlockStored` events (they know the tokens).
+    :meth:`take_events` hands the queue over.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool, enable_kv_cache_events: bool = False) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise InvalidArgument("num_blocks", num_blocks, "must be an int >= 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
@@ -40,6 +47,8 @@ class BlockPool:
         self.null_block.is_null = True
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cache = PrefixCacheMap()
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self._events: list[KVCacheEvent] = []
 
     # -- counts ---------------------------------------------------------------
 
@@ -177,12 +186,27 @@ class BlockPool:
         self.cache.clear()
         for block in self.blocks:
             block.block_hash = None
+        self.record_event(AllBlocksCleared())
         return True
 
     def _evict(self, block: KVBlock) -> None:
         assert block.block_hash is not None
+        block_hash, group_id = block.block_hash
         self.cache.pop(block.block_hash, block.block_id)
         block.block_hash = None
+        self.record_event(BlockRemoved((block_hash,), group_id))
+
+    # -- KV cache events ------------------------------------------------------
+
+    def record_event(self, event: KVCacheEvent) -> None:
+        """Queue ``event`` if events are enabled."""
+        if self.enable_kv_cache_events:
+            self._events.append(event)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events queued since the last call, oldest first; the queue is left empty."""
+        events, self._events = self._events, []
+        return events
 
     # -- introspection --------------------------------------------------------
 

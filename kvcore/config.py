@@ -99,7 +99,9 @@ class KVCacheConfig:
     is admitted while others run.  ``max_in_flight_tokens`` (tokens
     scheduled and not yet processed, at most) caps what a request of a
     sliding-window or chunked-local group holds at once, which sizes the
-    ``full_sequence_must_fit`` admission gate.
+    ``full_sequence_must_fit`` admission gate.  ``enable_kv_cache_events``
+    queues a KV cache event (:mod:`kvcore.events`) for every change to the
+    prefix cache, for :meth:`~kvcore.KVCacheManager.take_events`.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
@@ -111,6 +113,7 @@ class KVCacheConfig:
     num_prefill_lookahead: int = attrs.field(default=0)
     watermark: float = attrs.field(default=0.0)
     max_in_flight_tokens: int | None = attrs.field(default=None)
+    enable_kv_cache_events: bool = attrs.field(default=False, validator=_boolean)
 
     def __attrs_post_init__(self) -> None:
         for index, group_id in enumerate(self.eagle_group_ids):

@@ -24,7 +24,7 @@ class KVCacheCoordinator:
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_blocks, enable_caching)
+        self.pool = BlockPool(config.num_blocks, enable_caching, config.enable_kv_cache_events)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
             for group_id, spec in enumerate(config.groups)

@@ -10,6 +10,7 @@ from kvcore.block_pool import BlockPool
 from kvcore.config import KVCacheConfig
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import InvalidArgument, RequestTooLong
+from kvcore.events import KVCacheEvent
 from kvcore.hashing import BlockHashWithGroup
 from kvcore.request import Request
 
@@ -219,6 +220,11 @@ class KVCacheManager:
         raises :class:`~kvcore.errors.UnknownBlock` and changes nothing.
         """
         self.block_pool.evict_blocks(block_ids)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV cache events queued since the last call, oldest first (none unless
+        ``enable_kv_cache_events``); a scheduler publishes them after every step."""
+        return self.block_pool.take_events()
 
     # -- introspection --------------------------------------------------------
 

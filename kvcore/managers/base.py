@@ -9,6 +9,7 @@ from kvcore.block import KVBlock
 from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec
+from kvcore.events import BlockStored
 from kvcore.hashing import BlockHash
 from kvcore.request import Request
 
@@ -177,8 +178,32 @@ class SingleTypeManager:
         if num_cached >= num_full:
             return
         table = self.req_to_blocks[request_id]
-        self.pool.cache_blocks(table[num_cached:num_full], request.block_hashes[num_cached:num_full], self.group_id)
+        new_blocks = table[num_cached:num_full]
+        new_hashes = request.block_hashes[num_cached:num_full]
+        self.pool.cache_blocks(new_blocks, new_hashes, self.group_id)
         self.num_cached_blocks[request_id] = num_full
+        if self.pool.enable_kv_cache_events:
+            self.pool.record_event(self._stored_event(request, num_cached, num_full))
+
+    def _stored_event(self, request: Request, num_cached: int, num_full: int) -> BlockStored:
+        """The event of caching blocks ``num_cached`` to ``num_full`` of the request's table."""
+        block_size = self.block_size
+        table = self.req_to_blocks[request.request_id]
+        positions = [p for p in range(num_cached, num_full) if not table[p].is_null]
+        tokens = request.all_token_ids
+        lookahead = request.num_hash_lookahead_tokens
+        return BlockStored(
+            block_hashes=tuple(request.block_hashes[p] for p in positions),
+            parent_block_hash=request.block_hashes[num_cached - 1] if num_cached else None,
+            token_ids=tuple(tokens[num_cached * block_size : num_full * block_size]),
+            block_size=block_size,
+            group_idx=self.group_id,
+            lookahead_token_ids=(
+                tuple(tuple(tokens[(p + 1) * block_size : (p + 1) * block_size + lookahead]) for p in positions)
+                if lookahead
+                else None
+            ),
+        )
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Free the blocks no future token attends to and put the null block in their place.
