@@ -115,7 +115,11 @@ class TargetConfig:
     counting at most what it holds at once with ``max_in_flight_tokens``
     tokens in flight (``None``: no cap); ``reserved_blocks`` stay free for
     other requests' steps; ``watermark`` keeps that fraction of the pool
-    free while any request runs."""
+    free while any request runs.
+
+    ``enable_kv_cache_events`` has the allocator queue a KV cache event
+    (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) for every change
+    to its prefix cache; the target takes them after every step."""
 
     num_blocks: int
     block_size: int
@@ -132,6 +136,7 @@ class TargetConfig:
     max_in_flight_tokens: int | None = None
     reserved_blocks: int = 0
     watermark: float = 0.0
+    enable_kv_cache_events: bool = False
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -214,7 +219,7 @@ class TargetConfig:
             raise ConfigError("watermark", f"must be >= 0 and < 1, got {shown(self.watermark)}")
         if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
             raise ConfigError("eagle_group_ids", f"names a group twice: {list(self.eagle_group_ids)}")
-        for name in ("async_scheduling", "defer_block_free"):
+        for name in ("async_scheduling", "defer_block_free", "enable_kv_cache_events"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {shown(getattr(self, name))}")
         if self.defer_block_free and not self.async_scheduling:
@@ -257,6 +262,8 @@ class TargetConfig:
             steps += f", {self.reserved_blocks} blocks reserved"
         if self.watermark:
             steps += f", watermark {self.watermark}"
+        if self.enable_kv_cache_events:
+            steps += ", KV cache events"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -291,4 +298,6 @@ class TargetConfig:
             document["async_scheduling"] = True
         if self.defer_block_free:
             document["defer_block_free"] = True
+        if self.enable_kv_cache_events:
+            document["enable_kv_cache_events"] = True
         return document

@@ -15,7 +15,8 @@ drafter, and a third reserve lookahead slots for a drafter's tokens in every
 step.  A third schedule asynchronously (steps in flight), half of those
 with deferred frees.  A drafter either drops a block from hits or (vLLM's
 default with caching) hashes blocks with the tokens after them, and may sit
-in some of the groups only.
+in some of the groups only.  Half the runs take the KV cache event stream
+after every step.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def random_config(
             admission = {"watermark": rng.choice([0.1, 0.25])}
     if not drafter_and_async:
         return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
+    # The KV cache event stream in half the runs.
+    enable_kv_cache_events = rng.random() < 1 / 2
     return TargetConfig(
         num_blocks,
         block_size,
@@ -134,4 +137,5 @@ def random_config(
         prefill_lookahead,
         eagle_group_ids,
         **admission,
+        enable_kv_cache_events=enable_kv_cache_events,
     )

@@ -9,6 +9,42 @@ import attrs
 CacheKey = tuple[int, tuple[int, ...]]
 """A prefix-cache key as (group id, token ids of the whole prefix ending with the block)."""
 
+Prefix = tuple[int, ...]
+"""The token ids a block hash stands for: the whole prefix ending with the block (and its lookahead)."""
+
+
+@attrs.frozen
+class StoredEvent:
+    """A ``BlockStored`` KV cache event, hashes read as the token prefixes they stand for.
+
+    ``prefixes`` are the entries stored, ``parent`` the prefix of the block
+    before the first position the event covers (``None`` at a request's
+    start), ``token_ids`` the tokens of every position it covers.
+    """
+
+    group: int
+    prefixes: tuple[Prefix, ...]
+    parent: Prefix | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lookahead_token_ids: tuple[tuple[int, ...], ...] | None = None
+
+
+@attrs.frozen
+class RemovedEvent:
+    """One entry of a ``BlockRemoved`` KV cache event."""
+
+    group: int
+    prefix: Prefix
+
+
+@attrs.frozen
+class ClearedEvent:
+    """An ``AllBlocksCleared`` KV cache event."""
+
+
+CacheEvent = StoredEvent | RemovedEvent | ClearedEvent
+
 
 @attrs.frozen
 class Observation:
@@ -23,7 +59,9 @@ class Observation:
     pending deferred free holds (async scheduling with deferred frees), in
     the order the allocator popped them; ``in_flight_reads`` the block ids
     each step in flight reads and writes, per group, for the steps whose
-    blocks must still be held.
+    blocks must still be held.  ``events`` is the KV cache event stream
+    taken after every step since the target was built (empty unless the
+    configuration enables events).
     """
 
     free_order: tuple[int, ...]
@@ -35,3 +73,4 @@ class Observation:
     block_cache_keys: Mapping[int, CacheKey]
     deferred_frees: tuple[tuple[int, ...], ...] = ()
     in_flight_reads: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+    events: tuple[CacheEvent, ...] = ()

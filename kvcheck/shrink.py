@@ -98,6 +98,8 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
         yield attrs.evolve(config, reserved_blocks=0)
     if config.watermark:
         yield attrs.evolve(config, watermark=0.0)
+    if config.enable_kv_cache_events:
+        yield attrs.evolve(config, enable_kv_cache_events=False)
     if config.use_eagle:
         yield attrs.evolve(config, use_eagle=False)
     if config.eagle_group_ids:

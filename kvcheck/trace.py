@@ -188,6 +188,7 @@ class _Reader:
             "max_in_flight_tokens",
             "reserved_blocks",
             "watermark",
+            "enable_kv_cache_events",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -224,6 +225,7 @@ class _Reader:
             raw.get("max_in_flight_tokens"),
             raw.get("reserved_blocks", 0),
             raw.get("watermark", 0.0),
+            raw.get("enable_kv_cache_events", False),
         )
         try:
             return config.validate()

@@ -16,7 +16,7 @@ import attrs
 
 from kvcheck.config import TargetConfig
 from kvcheck.models.manager_model import ceil_div
-from kvcheck.observation import Observation
+from kvcheck.observation import ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
 
 
@@ -165,6 +165,84 @@ def cache_map_consistent(check: StepCheck) -> None:
                 f"block {block_id} (group {group_id}) is cached under a "
                 f"{len(prefix)}-token prefix, not whole {block_size}-token blocks{covered}",
             )
+
+
+def events_match_cache(check: StepCheck) -> None:
+    """Replayed from the first step, the KV cache event stream rebuilds exactly the prefix cache's
+    entries: each (group, prefix) as many times as blocks are cached under it.  No event removes an
+    entry the stream does not hold, and every stored event is well formed: its entries extend its
+    parent, one per whole block it covers, over its own tokens.
+
+    Guards: an eviction or reset that is not reported (an external cache or
+    router keeps routing to blocks that are gone); a store reported twice or
+    never; a store naming the wrong parent or tokens."""
+    if not check.config.enable_kv_cache_events:
+        return
+    view: Counter[tuple[int, tuple[int, ...]]] = Counter()
+    for index, event in enumerate(check.sut.events):
+        if isinstance(event, ClearedEvent):
+            view.clear()
+        elif isinstance(event, RemovedEvent):
+            key = (event.group, event.prefix)
+            if view[key] <= 0:
+                _fail(
+                    check,
+                    "events_match_cache",
+                    f"event {index} removes group {event.group} prefix {list(event.prefix)}, which the stream "
+                    "does not hold (never stored, or removed already)",
+                )
+            view[key] -= 1
+        else:
+            _check_stored_event(check, index, event)
+            view.update((event.group, prefix) for prefix in event.prefixes)
+    held = Counter((group, prefix) for group, prefix, _ in check.sut.cache_entries)
+    view = +view
+    if view != held:
+        unheld = sorted((view - held).items())[:3]
+        unreported = sorted((held - view).items())[:3]
+        _fail(
+            check,
+            "events_match_cache",
+            f"the event stream holds (group, prefix) x count {unheld} beyond the cache (stored twice, or a "
+            f"removal not reported); the cache holds {unreported} beyond the stream (a store not reported)",
+        )
+
+
+def _check_stored_event(check: StepCheck, index: int, event: StoredEvent) -> None:
+    block_size = check.config.block_size
+    lookahead = check.config.num_hash_lookahead_tokens
+
+    def bad(detail: str) -> None:
+        _fail(check, "events_match_cache", f"stored event {index} (group {event.group}) {detail}")
+
+    if event.block_size != block_size:
+        bad(f"says blocks of {event.block_size} tokens, not {block_size}")
+    if len(event.token_ids) % block_size or not event.token_ids:
+        bad(f"covers {len(event.token_ids)} tokens, not a positive number of whole blocks")
+    start = 0
+    if event.parent is not None:
+        if len(event.parent) <= lookahead or (len(event.parent) - lookahead) % block_size:
+            bad(f"names a {len(event.parent)}-token parent prefix, not whole blocks")
+        start = (len(event.parent) - lookahead) // block_size
+    # The tokens the event speaks of: the parent's blocks, then its own.
+    tokens = (event.parent or ())[: start * block_size] + event.token_ids
+    end = start + len(event.token_ids) // block_size
+    if event.parent is not None and tokens[: len(event.parent)] != event.parent[: len(tokens)]:
+        bad(f"covers tokens {list(event.token_ids)} that do not follow its parent {list(event.parent)}")
+    if (event.lookahead_token_ids is None) != (lookahead == 0):
+        bad(f"has lookahead tokens {event.lookahead_token_ids} with hashes looking {lookahead} tokens ahead")
+    last = start - 1
+    for entry, prefix in enumerate(event.prefixes):
+        position = (len(prefix) - lookahead) // block_size - 1
+        whole = len(prefix) > lookahead and (len(prefix) - lookahead) % block_size == 0
+        if not whole or not last < position < end:
+            bad(f"stores a {len(prefix)}-token prefix, not the next whole block among positions {start}..{end - 1}")
+        cut = (position + 1) * block_size
+        if prefix[:cut] != tokens[:cut] or (event.parent is not None and prefix[: len(event.parent)] != event.parent):
+            bad(f"stores prefix {list(prefix)}, which is not its parent and tokens {list(tokens[:cut])}")
+        if event.lookahead_token_ids is not None and event.lookahead_token_ids[entry] != prefix[cut:]:
+            bad(f"gives lookahead tokens {list(event.lookahead_token_ids[entry])} for prefix {list(prefix)}")
+        last = position
 
 
 def scheduled_slots_have_blocks(check: StepCheck) -> None:
@@ -350,6 +428,25 @@ def cache_matches_model(check: StepCheck) -> None:
         _fail(check, "cache_matches_model", f"unexpected entries {extra}; missing entries {missing}")
 
 
+def events_match_model(check: StepCheck) -> None:
+    """The KV cache event stream is exactly the one the model predicts: each store with its
+    entries, parent and tokens, each removal, each clear, in order.
+
+    Guards: events that replay to the right cache but say the wrong thing on
+    the way (a removal reported late, a store split or merged differently)."""
+    if not check.config.enable_kv_cache_events or check.sut.events == check.model.events:
+        return
+    sut, model = check.sut.events, check.model.events
+    first = next((i for i, (a, b) in enumerate(zip(sut, model)) if a != b), min(len(sut), len(model)))
+    _fail(
+        check,
+        "events_match_model",
+        f"KV cache event {first} differs (the stream has {len(sut)} events, the model {len(model)})",
+        model[first] if first < len(model) else None,
+        sut[first] if first < len(sut) else None,
+    )
+
+
 def reset_refused_only_while_held(check: StepCheck) -> None:
     """reset_prefix_cache succeeds exactly when no block is held.
 
@@ -371,6 +468,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     ref_cnt_matches_holders,
     free_queue_well_formed,
     cache_map_consistent,
+    events_match_cache,
     scheduled_slots_have_blocks,
     in_flight_blocks_held,
     admission_matches_model,
@@ -380,6 +478,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     lru_eviction_when_caching_on,
     tables_match_model,
     cache_matches_model,
+    events_match_model,
     reset_refused_only_while_held,
 )
 

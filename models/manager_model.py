@@ -6,7 +6,7 @@ import attrs
 
 from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.models.pool_model import NULL, PoolModel
-from kvcheck.observation import Observation
+from kvcheck.observation import CacheEvent, Observation, StoredEvent
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -78,7 +78,8 @@ class ManagerModel:
         self.config = config
         self.block_size = config.block_size
         self.groups = config.groups
-        self.pool = PoolModel(config.num_blocks, config.enable_caching)
+        self.events: list[CacheEvent] | None = [] if config.enable_kv_cache_events else None
+        self.pool = PoolModel(config.num_blocks, config.enable_caching, self.events)
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
         self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
@@ -210,6 +211,7 @@ class ManagerModel:
             cache_entries=frozenset((g, prefix, b) for b, (g, prefix) in self.pool.cache.items()),
             block_cache_keys=dict(self.pool.cache),
             deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
+            events=tuple(self.events or ()),
         )
 
     # -- operations -----------------------------------------------------------
@@ -239,15 +241,16 @@ class ManagerModel:
             del self.requests[op.request_id]
             return StepResult()
         if isinstance(op, FailedLoad):
-            held = {b for g in range(len(self.groups)) for b in self.pool.holders.get((op.request_id, g), ())}
-            self.pool.evict(held - {NULL})
+            # A set, walked in its own order, as the scheduler hands it to evict_blocks.
+            held = {b for g in range(len(self.groups)) for b in self.pool.holders.get((op.request_id, g), ()) if b}
+            self.pool.evict(held)
             self._preempt(op.request_id)
             return StepResult()
         if isinstance(op, Preempt):
             self._preempt(op.request_id)
             return StepResult()
         if isinstance(op, EvictBlocks):
-            self.pool.evict(op.block_ids)
+            self.pool.evict(set(op.block_ids))
             return StepResult()
         if isinstance(op, ResetPrefixCache):
             return StepResult(reset_done=self.pool.reset_prefix_cache())
@@ -392,6 +395,9 @@ class ManagerModel:
         new_ids = self._allocate(rid, False, no_hit, request.num_computed_tokens, 0, slots)
         if new_ids is None:
             return StepResult(admitted=False)
+        if self.config.enable_caching:
+            # allocate_slots caches what exists before the verifier runs (the drafts do not).
+            self._cache_full_blocks(rid, len(request.tokens))
         request.waiting = False
         request.num_computed_tokens += 1 + num_accepted
         request.tokens.extend([op.sampled_token] * (num_accepted + 1))
@@ -442,6 +448,29 @@ class ManagerModel:
             for position in range(start, num_full):
                 self.pool.cache_block(table[position], (group_id, self.prefix(rid, position)))
             self.num_cached[(rid, group_id)] = max(start, num_full)
+            if self.events is not None and start < num_full:
+                self.events.append(self._stored_event(rid, group_id, start, num_full))
+
+    def _stored_event(self, rid: str, group_id: int, start: int, end: int) -> StoredEvent:
+        """The event of caching positions ``start`` to ``end`` of a table: every entry but the null
+        blocks', after the prefix before ``start``, with the tokens of every position."""
+        tokens = self.requests[rid].tokens
+        table = self.table(rid, group_id)
+        entered = [p for p in range(start, end) if table[p] != NULL]
+        lookahead = self.config.num_hash_lookahead_tokens
+        block_size = self.block_size
+        return StoredEvent(
+            group=group_id,
+            prefixes=tuple(self.prefix(rid, p) for p in entered),
+            parent=self.prefix(rid, start - 1) if start else None,
+            token_ids=tuple(tokens[start * block_size : end * block_size]),
+            block_size=block_size,
+            lookahead_token_ids=(
+                tuple(tuple(tokens[(p + 1) * block_size : (p + 1) * block_size + lookahead]) for p in entered)
+                if lookahead
+                else None
+            ),
+        )
 
     def _start_async_load(self, op: StartAsyncLoad) -> StepResult:
         """A waiting request's hit and external tokens get blocks, as :meth:`_schedule` gives them, with no

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
+from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent
+
 NULL = 0
 CacheKey = tuple[int, tuple[int, ...]]
 """(group id, token ids of the whole prefix that ends with the block)."""
@@ -19,14 +21,18 @@ class PoolModel:
 
     A block's reference count is not stored: it is the number of holder
     slots that name it.
+
+    ``events`` (when not ``None``) receives a removal for every cache entry
+    dropped and a clear for every reset, in the order they happen.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool, events: list[CacheEvent] | None = None) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.free_order: list[int] = list(range(1, num_blocks))
         self.holders: dict[Hashable, list[int]] = {}
         self.cache: dict[int, CacheKey] = {}
+        self.events = events
 
     def ref_counts(self) -> dict[int, int]:
         counts = dict.fromkeys(range(1, self.num_blocks), 0)
@@ -48,7 +54,7 @@ class PoolModel:
         taken, self.free_order = self.free_order[:n_blocks], self.free_order[n_blocks:]
         assert len(taken) == n_blocks, f"model: {n_blocks} blocks asked, {len(taken)} free"
         for block_id in taken:
-            self.cache.pop(block_id, None)
+            self._uncache(block_id)
         return taken
 
     def touch(self, block_ids: Iterable[int]) -> None:
@@ -80,15 +86,22 @@ class PoolModel:
     def cache_block(self, block_id: int, key: CacheKey) -> None:
         if block_id == NULL or self.cache.get(block_id) == key:
             return
-        self.cache.pop(block_id, None)
+        self._uncache(block_id)
         self.cache[block_id] = key
 
     def evict(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
-            self.cache.pop(block_id, None)
+            self._uncache(block_id)
 
     def reset_prefix_cache(self) -> bool:
         if len(self.free_order) != self.num_blocks - 1:
             return False
         self.cache.clear()
+        if self.events is not None:
+            self.events.append(ClearedEvent())
         return True
+
+    def _uncache(self, block_id: int) -> None:
+        key = self.cache.pop(block_id, None)
+        if key is not None and self.events is not None:
+            self.events.append(RemovedEvent(*key))

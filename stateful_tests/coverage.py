@@ -12,6 +12,7 @@ from collections import Counter
 import attrs
 
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
+from kvcheck.observation import ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
     FailedLoad,
     FinishAsyncLoad,
@@ -37,6 +38,9 @@ ROLLBACK_AFTER_REJECTION = "rollback after rejected drafts"
 WINDOW_HELD_FOR_IN_FLIGHT = "window block held for a step in flight"
 DEFERRED_FREE_RELEASED = "deferred free released after its step"
 ASYNC_LOAD_CACHED = "async load cached when it landed"
+EVENT_STORE_AFTER_PARENT = "KV cache event: store after a parent"
+EVENT_REMOVAL = "KV cache event: entry removed"
+EVENT_CLEAR = "KV cache event: cache cleared"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -53,6 +57,9 @@ ALL_LABELS = (
     WINDOW_HELD_FOR_IN_FLIGHT,
     DEFERRED_FREE_RELEASED,
     ASYNC_LOAD_CACHED,
+    EVENT_STORE_AFTER_PARENT,
+    EVENT_REMOVAL,
+    EVENT_CLEAR,
 )
 
 
@@ -82,6 +89,7 @@ class BeforeStep:
     """For a running request's schedule: a block past the processed tokens' window, but inside the
     scheduled tokens' one, is still in its table (a step in flight reads it)."""
     num_deferred: int
+    num_events: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -100,6 +108,7 @@ class BeforeStep:
             plain,
             _window_held(model, op),
             len(model.pipeline.deferred),
+            len(model.events or ()),
         )
 
 
@@ -182,4 +191,11 @@ def step_labels(
         labels.append(ASYNC_LOAD_CACHED)
     if _sliding_nulls(model, op) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
+    new_events = (model.events or [])[before.num_events :]
+    if any(isinstance(event, StoredEvent) and event.parent is not None for event in new_events):
+        labels.append(EVENT_STORE_AFTER_PARENT)
+    if any(isinstance(event, RemovedEvent) for event in new_events):
+        labels.append(EVENT_REMOVAL)
+    if any(isinstance(event, ClearedEvent) for event in new_events):
+        labels.append(EVENT_CLEAR)
     return labels

@@ -12,7 +12,7 @@ from kvcheck.observation import Observation
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
 
-COMPARED_FIELDS = ("tables", "free_order", "ref_counts", "cache_entries")
+COMPARED_FIELDS = ("tables", "free_order", "ref_counts", "cache_entries", "events")
 
 
 class DifferentialTarget:
@@ -20,7 +20,7 @@ class DifferentialTarget:
 
     After every step the step results (allocation success, hit length and
     blocks, new blocks, reset outcome) and the observed tables, free order,
-    ref counts and cache entries must be equal; otherwise the step fails
+    ref counts, cache entries and KV cache event streams must be equal; otherwise the step fails
     ``targets_agree``, naming both targets and the first differing field.
     """
 

@@ -33,6 +33,7 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         num_prefill_lookahead=config.num_prefill_lookahead,
         watermark=config.watermark,
         max_in_flight_tokens=config.max_in_flight_tokens,
+        enable_kv_cache_events=config.enable_kv_cache_events,
     )
 
 
@@ -108,8 +109,12 @@ class KvcoreTarget(SchedulerDrivenTarget):
     def _cache_blocks(self, request: kvcore.Request, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
 
+    def _take_events(self) -> list[Any]:
+        return self.manager.take_events()
+
     def _evict(self, block_ids: set[int]) -> None:
-        self.manager.evict_blocks(sorted(block_ids))
+        # In the set's order, as vLLM's evict_blocks walks it: the removal events come in that order.
+        self.manager.evict_blocks(block_ids)
 
     def _reset_prefix_cache(self) -> bool:
         return self.manager.reset_prefix_cache()

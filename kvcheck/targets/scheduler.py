@@ -8,9 +8,11 @@ here, so two targets can only differ in their allocators.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from kvcheck.config import TargetConfig
+from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -57,6 +59,9 @@ class SchedulerDrivenTarget:
         self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
         # Hashes are opaque bytes; observations speak of token prefixes.
         self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
+        # The same, keyed as KV cache events publish hashes.
+        self._prefix_of_event_hash: dict[Hashable, tuple[int, ...]] = {}
+        self.events: list[CacheEvent] = []
         self._hashes_learned: dict[str, int] = {}
 
     # -- hooks ----------------------------------------------------------------
@@ -93,6 +98,37 @@ class SchedulerDrivenTarget:
 
     def _new_step_starts(self) -> None:
         """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
+
+    def _take_events(self) -> list[Any]:
+        """``take_events``: the allocator's KV cache events queued since the last call."""
+        raise NotImplementedError
+
+    def _event_hash(self, block_hash: bytes) -> Hashable:
+        """A block hash as the allocator's KV cache events publish it (as it is, by default)."""
+        return block_hash
+
+    def _read_event(self, event: Any) -> list[CacheEvent]:
+        """An allocator's KV cache event, its hashes read as token prefixes; ``BlockRemoved`` gives one
+        event per hash.  The event classes are told apart by name, the fields read as vLLM names them."""
+        kind = type(event).__name__
+        prefix = self._prefix_of_event_hash.__getitem__
+        if kind == "BlockStored":
+            lookahead = event.lookahead_token_ids
+            return [
+                StoredEvent(
+                    group=event.group_idx,
+                    prefixes=tuple(prefix(h) for h in event.block_hashes),
+                    parent=None if event.parent_block_hash is None else prefix(event.parent_block_hash),
+                    token_ids=tuple(event.token_ids),
+                    block_size=event.block_size,
+                    lookahead_token_ids=None if lookahead is None else tuple(tuple(ids) for ids in lookahead),
+                )
+            ]
+        if kind == "BlockRemoved":
+            return [RemovedEvent(event.group_idx, prefix(h)) for h in event.block_hashes]
+        if kind == "AllBlocksCleared":
+            return [ClearedEvent()]
+        raise TypeError(f"unknown KV cache event {event!r}")
 
     def _admission_gates(self, request_id: str, waiting: bool) -> dict[str, Any]:
         """The ``allocate_slots`` keywords vLLM's scheduler adds when it admits a waiting request (new,
@@ -134,6 +170,14 @@ class SchedulerDrivenTarget:
     # -- operations -----------------------------------------------------------
 
     def apply(self, op: Operation) -> StepResult:
+        result = self._apply(op)
+        if self.config.enable_kv_cache_events:
+            # As vLLM's scheduler publishes them: every event of the step, once it is done.
+            for event in self._take_events():
+                self.events.extend(self._read_event(event))
+        return result
+
+    def _apply(self, op: Operation) -> StepResult:
         if isinstance(op, AddRequest):
             request = self._new_request(op.request_id, op.prompt)
             self.requests[op.request_id] = request
@@ -316,6 +360,7 @@ class SchedulerDrivenTarget:
         return {
             "deferred_frees": tuple(self._popped_ids(popped) for _, popped in self.pipeline.deferred),
             "in_flight_reads": self.pipeline.held_reads(),
+            "events": tuple(self.events),
         }
 
     def _learn_hashes(self, request_id: str) -> None:
@@ -325,7 +370,9 @@ class SchedulerDrivenTarget:
         hashes = request.block_hashes
         for index in range(self._hashes_learned[request_id], len(hashes)):
             end = (index + 1) * block_size + self.config.num_hash_lookahead_tokens
-            self._prefix_of_hash.setdefault(hashes[index], tuple(tokens[:end]))
+            prefix = self._prefix_of_hash.setdefault(hashes[index], tuple(tokens[:end]))
+            if self.config.enable_kv_cache_events:
+                self._prefix_of_event_hash.setdefault(self._event_hash(hashes[index]), prefix)
         self._hashes_learned[request_id] = len(hashes)
 
     def _holding_request_ids(self) -> list[str]:

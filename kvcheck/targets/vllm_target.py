@@ -106,6 +106,7 @@ def _import_allocator(version: str) -> SimpleNamespace:
         hashers={},
         sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN),
         get_block_hash=kv_cache_utils.get_block_hash,
+        maybe_convert_block_hash=kv_cache_utils.maybe_convert_block_hash,
         get_group_id=kv_cache_utils.get_group_id,
         get_request_block_hasher=kv_cache_utils.get_request_block_hasher,
         BlockPool=BlockPool,
@@ -150,6 +151,7 @@ def make_manager(
     num_prefill_lookahead: int = 0,
     watermark: float = 0.0,
     max_in_flight_tokens: int | None = None,
+    enable_kv_cache_events: bool = False,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
     groups in ``eagle_group_ids`` hold a drafter's layers."""
@@ -172,6 +174,7 @@ def make_manager(
         use_eagle=use_eagle,
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         num_prefill_lookahead=num_prefill_lookahead,
+        enable_kv_cache_events=enable_kv_cache_events,
     )
 
 
@@ -234,6 +237,7 @@ class VllmTarget(SchedulerDrivenTarget):
             num_prefill_lookahead=config.num_prefill_lookahead,
             watermark=config.watermark,
             max_in_flight_tokens=config.max_in_flight_tokens,
+            enable_kv_cache_events=config.enable_kv_cache_events,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
@@ -296,6 +300,12 @@ class VllmTarget(SchedulerDrivenTarget):
 
     def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
         self.manager.cache_blocks(request, num_computed_tokens)
+
+    def _take_events(self) -> list[Any]:
+        return self.manager.take_events()
+
+    def _event_hash(self, block_hash: bytes) -> Any:
+        return self._v.maybe_convert_block_hash(block_hash)
 
     def _evict(self, block_ids: set[int]) -> None:
         self.manager.evict_blocks(block_ids)

@@ -10,25 +10,28 @@ from kvcheck.faults import FAULTS, get_fault
 from kvcheck.lockstep import Lockstep
 from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import AddRequest, Finish, Schedule
+from kvcheck.replay import replay
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
+from kvcheck.trace import Trace
 
 FAST = 8
 RUNS = 3000
 
 
-def _first_failure(fault: str, full_check_every: int) -> tuple[int, str, int, str, tuple[object, ...]]:
-    report = swarm(get_fault(fault).kvcore_target, seed=0, max_runs=RUNS, full_check_every=full_check_every)
-    assert report.failure is not None, f"{fault}: no failure in {RUNS} runs checking in full every {full_check_every}"
-    violation = report.failure.violation
-    return report.runs, violation.invariant, violation.step, violation.detail, report.failure.ops
-
-
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_the_fast_mode_reports_each_fault_as_the_full_check_does(fault: str) -> None:
-    """Every catalogued fault: the same run fails, at the same step, with the same invariant, detail
-    and operations, whether the state is checked in full every step or every 8."""
-    assert _first_failure(fault, FAST) == _first_failure(fault, 1)
+def test_the_fast_mode_finds_each_fault_and_names_it_as_checking_every_step_does(fault: str) -> None:
+    """Every catalogued fault is found checking the state in full every 8 steps, and the violation
+    reported is the one a replay of that run, checking every step in full, stops at: same step,
+    invariant and detail.  (The fast mode may find a fault in a later run than checking every step:
+    a wrong state that heals before the next full check goes unseen.)"""
+    make_target = get_fault(fault).kvcore_target
+    report = swarm(make_target, seed=0, max_runs=RUNS, full_check_every=FAST)
+    assert report.failure is not None, f"{fault}: no failure in {RUNS} runs checking in full every {FAST}"
+    found = report.failure.violation
+    full = replay(Trace(report.failure.config, report.failure.ops), make_target).violation
+    assert full is not None, f"{fault}: the failing run passes when every step is checked in full"
+    assert (found.invariant, found.step, found.detail) == (full.invariant, full.step, full.detail)
 
 
 def test_the_fast_mode_drives_the_same_steps_and_keeps_every_invariant_on_kvcore() -> None:

@@ -10,10 +10,12 @@ import pytest
 from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.lockstep import Lockstep
 from kvcheck.models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
+from kvcheck.observation import ClearedEvent, RemovedEvent
 from kvcheck.ops import AddRequest, Finish, Schedule
 from kvcheck.targets import load_target
 
 CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
+EVENTS = attrs.evolve(CACHING, enable_kv_cache_events=True)
 
 
 def checked_step(config: TargetConfig, ops: list[object]) -> StepCheck:
@@ -141,11 +143,24 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         check = base()
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, reset_done=True))
 
+    def store_unreported() -> StepCheck:
+        check = base(EVENTS)
+        return with_sut(check, events=check.sut.events[:-1])
+
+    def store_split_in_two() -> StepCheck:
+        # The same entries, told as two events: the replay is right, the stream is not the model's.
+        check = base(EVENTS)
+        first, *rest = check.sut.events
+        head = attrs.evolve(first, prefixes=first.prefixes[:1], token_ids=first.token_ids[:1])
+        tail = attrs.evolve(first, prefixes=first.prefixes[1:], parent=first.prefixes[0], token_ids=first.token_ids[1:])
+        return with_sut(check, events=(head, tail, *rest))
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
         "free_queue_well_formed": torn_queue,
         "cache_map_consistent": stale_map_entry,
+        "events_match_cache": store_unreported,
         "scheduled_slots_have_blocks": slots_without_blocks,
         "in_flight_blocks_held": in_flight_block_freed,
         "admission_matches_model": spurious_refusal,
@@ -155,6 +170,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "lru_eviction_when_caching_on": head_first_lru,
         "tables_match_model": wrong_table,
         "cache_matches_model": extra_cache_entry,
+        "events_match_model": store_split_in_two,
         "reset_refused_only_while_held": reset_done_while_held,
     }
 
@@ -181,3 +197,42 @@ def test_the_invariant_fires_by_name_on_a_step_that_breaks_it(name: str) -> None
     assert caught.value.invariant == name, str(caught.value)
     assert caught.value.step == check.step
     assert name in str(caught.value)
+
+
+def broken_event_streams() -> dict[str, tuple[object, ...]]:
+    """Event streams of the shared-prefix step, each wrong in one way the replay must see."""
+    events = two_requests_sharing_a_prefix(EVENTS).sut.events
+    first, second, third, fourth = events
+    return {
+        "a store reported twice": (*events, third),
+        "a removal of what was never stored": (*events, RemovedEvent(0, (2, 2))),
+        "a removal not reported, the entry stored again": (*events, first),
+        "a clear not followed by stores": (*events, ClearedEvent()),
+        "a store under the wrong parent": (first, second, attrs.evolve(third, parent=(0, 1)), fourth),
+        "a store whose tokens are not its prefix's": (first, second, attrs.evolve(third, token_ids=(2,)), fourth),
+        "a store of a block before its parent": (first, second, attrs.evolve(third, prefixes=((0, 1),)), fourth),
+        "a store of blocks of another size": (attrs.evolve(first, block_size=3), second, third, fourth),
+        "lookahead tokens without lookahead hashes": (
+            attrs.evolve(first, lookahead_token_ids=((1,), (2,), (1,))),
+            second,
+            third,
+            fourth,
+        ),
+    }
+
+
+@pytest.mark.parametrize("wrong", list(broken_event_streams()))
+def test_a_wrong_event_stream_fails_events_match_cache(wrong: str) -> None:
+    """The stream replayed from the start must rebuild the cache's entries, and each store must be well
+    formed: each way of breaking it fails events_match_cache, before any other invariant."""
+    check = with_sut(two_requests_sharing_a_prefix(EVENTS), events=broken_event_streams()[wrong])
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(check)
+    assert caught.value.invariant == "events_match_cache", str(caught.value)
+
+
+def test_events_are_not_checked_when_the_configuration_has_none() -> None:
+    """Without enable_kv_cache_events an empty stream is right, and both event invariants hold."""
+    check = two_requests_sharing_a_prefix()
+    assert check.sut.events == () == check.model.events
+    check_all(check)
