@@ -724,8 +724,8 @@ def test_num_lookahead_tokens_round_trips_and_is_refused_above_its_limit(tmp_pat
 
 
 def test_drafter_and_async_fields_round_trip() -> None:
-    """Drafter groups, hash and prefill lookahead, async scheduling and deferred frees are written
-    when set and load back equal."""
+    """Drafter groups, hash and prefill lookahead, async scheduling, deferred frees, admission gates
+    and KV cache events are written when set and load back equal."""
     config = TargetConfig(
         8,
         2,
@@ -741,6 +741,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
         max_in_flight_tokens=4,
         reserved_blocks=2,
         watermark=0.25,
+        enable_kv_cache_events=True,
     )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
     plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
@@ -758,6 +759,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"use_eagle": True, "num_prefill_lookahead": 3}, "config.num_prefill_lookahead", "above block_size=2"),
         ({"num_prefill_lookahead": 65}, "config.num_prefill_lookahead", "above the limit of 64"),
         ({"async_scheduling": 1}, "config.async_scheduling", "must be true or false"),
+        ({"enable_kv_cache_events": "yes"}, "config.enable_kv_cache_events", "must be true or false, got 'yes'"),
         ({"watermark": 1.5}, "config.watermark", "must be >= 0 and < 1, got 1.5"),
         ({"watermark": "high"}, "config.watermark", "must be a fraction of the pool"),
         ({"reserved_blocks": -1}, "config.reserved_blocks", "must be an integer >= 0, got -1"),
