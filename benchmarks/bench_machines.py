@@ -1,5 +1,5 @@
 """Steps per second of the manager machine and the swarm driver: checks on and off, drafter and async
-features on and off.
+features on and off, KV cache events on and off.
 
 The runs of a driver with checks on and off draw the same derandomized
 examples, so that ratio is the cost of the checks alone.  With the features
@@ -14,14 +14,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import attrs
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import lockstep
+from kvcheck import swarm as swarm_module
+from kvcheck.config import TargetConfig
 from kvcheck.stateful_tests.manager_machine import manager_machine
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
@@ -100,6 +105,7 @@ def main() -> None:
             swarm_best[(check, features)] = max(swarm_best.get((check, features), 0.0), report.steps / report.seconds)
     print_table(f"swarm driver, kvcore, {args.examples} runs x {args.steps} steps, best of {args.repeats}", swarm_best)
     print_fast_mode(args)
+    print_events_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -129,6 +135,38 @@ def print_fast_mode(args: argparse.Namespace) -> None:
         name = "every step (today's path)" if every == 1 else f"every {every} steps"
         print(f"  {'full check ' + name:36} {best[every]:10,.0f} steps/s  {best[every] / best[1]:5.2f}x")
     print(f"  {'checks off (the ceiling)':36} {best[None]:10,.0f} steps/s  {best[None] / best[1]:5.2f}x")
+
+
+def print_events_cost(args: argparse.Namespace) -> None:
+    """KV cache events forced on, then off, in every run of the swarm driver (the same draws otherwise),
+    checked and unchecked: what taking, predicting and checking the stream costs."""
+    drawn = swarm_module.random_config
+
+    def forced(events: bool) -> Callable[..., TargetConfig]:
+        def config(*args: Any, **kwargs: Any) -> TargetConfig:
+            return attrs.evolve(drawn(*args, **kwargs), enable_kv_cache_events=events)
+
+        return config
+
+    best: dict[tuple[bool, bool], float] = {}
+    try:
+        for _ in range(args.repeats):
+            for check, events in ((True, True), (True, False), (False, True), (False, False)):
+                swarm_module.random_config = forced(events)  # type: ignore[assignment]
+                report = swarm(
+                    load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check
+                )
+                best[(check, events)] = max(best.get((check, events), 0.0), report.steps / report.seconds)
+    finally:
+        swarm_module.random_config = drawn
+    print(f"swarm driver, kvcore, KV cache events in every run or none, same draws, best of {args.repeats}")
+    print(f"  {'':28} {'events on':>12} {'events off':>13}")
+    for check, name in ((True, "all invariants checked"), (False, "checks off")):
+        print(f"  {name:28} {best[(check, True)]:12,.0f} {best[(check, False)]:13,.0f}  steps/s")
+    print(
+        f"  {'events on / off':28} {best[(True, True)] / best[(True, False)]:12.2f} "
+        f"{best[(False, True)] / best[(False, False)]:13.2f}"
+    )
 
 
 if __name__ == "__main__":
