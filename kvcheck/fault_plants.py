@@ -507,3 +507,59 @@ def plant_window_admission_cap_one_block_short(manager: kvcore.KVCacheManager) -
             # flight, but not the block a window may straddle, so the
             # whole-request gate admits a request one block short.
             group_manager.max_admission_blocks -= 1
+
+
+# -- KV cache events -----------------------------------------------------------------
+
+
+def plant_evicted_block_removal_unreported(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def get_new_blocks(n_blocks: int) -> list[KVBlock]:
+        if n_blocks < 0:
+            raise InvalidArgument("n_blocks", n_blocks, "must be >= 0")
+        if n_blocks > pool.free_queue.num_free:
+            raise OutOfBlocks(requested=n_blocks, available=pool.free_queue.num_free)
+        blocks = pool.free_queue.popleft_n(n_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                # The bug: the reused block's entry is dropped here directly,
+                # not through the eviction path that queues its BlockRemoved;
+                # an external cache keeps routing the prefix to this block.
+                pool.cache.pop(block.block_hash, block.block_id)
+                block.block_hash = None
+            block.ref_cnt = 1
+        return blocks
+
+    pool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+
+
+def plant_stored_event_repeats_cached_blocks(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        stored_event = group_manager._stored_event
+
+        def stored_event_from_the_start(
+            request: kvcore.Request, num_cached: int, num_full: int, stored_event: Any = stored_event
+        ) -> kvcore.BlockStored:
+            # The bug: the event is built for every full block from position 0
+            # (parent None), not for the blocks this call newly cached; a
+            # consumer counts the blocks cached before as stored twice.
+            return stored_event(request, 0, num_full)  # type: ignore[no-any-return]
+
+        group_manager._stored_event = stored_event_from_the_start  # type: ignore[method-assign]
+
+
+def plant_reset_unreported(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def reset_prefix_cache() -> bool:
+        if pool.free_queue.num_free != pool.num_blocks - 1:
+            return False
+        pool.cache.clear()
+        for block in pool.blocks:
+            block.block_hash = None
+        # The bug: no AllBlocksCleared is queued; an external cache keeps
+        # every prefix the reset dropped.
+        return True
+
+    pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]

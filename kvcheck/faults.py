@@ -149,6 +149,23 @@ FAULTS: dict[str, Fault] = {
             "the local hit is touched before the admission check, so a refused allocation keeps the hit blocks",
             plants.plant_hit_taken_before_admission,
         ),
+        Fault(
+            "evicted-block-removal-unreported",
+            "get_new_blocks drops a reused cached block's entry directly, not through the eviction path: no "
+            "BlockRemoved is queued",
+            plants.plant_evicted_block_removal_unreported,
+        ),
+        Fault(
+            "stored-event-repeats-cached-blocks",
+            "a caching call's BlockStored lists every full block from position 0 (parent None), not only the "
+            "blocks it newly cached: blocks cached before are reported stored twice",
+            plants.plant_stored_event_repeats_cached_blocks,
+        ),
+        Fault(
+            "reset-unreported",
+            "reset_prefix_cache empties the prefix cache but queues no AllBlocksCleared",
+            plants.plant_reset_unreported,
+        ),
     )
 }
 

@@ -125,6 +125,122 @@ def _delayed_load_cached_at_allocation(manager: Any) -> None:
     manager.allocate_slots = load_cached_before_it_lands(manager.allocate_slots)
 
 
+# -- KV cache events -----------------------------------------------------------
+
+
+def _pools(manager: Any) -> list[Any]:
+    """Every block pool of this manager (its groups' managers may hold their own), each once."""
+    managers = manager.coordinator.single_type_managers
+    return list(dict.fromkeys([manager.block_pool, *(m.block_pool for m in managers)]))
+
+
+def _evicted_block_removal_unreported(manager: Any) -> None:
+    for pool in _pools(manager):
+
+        def get_new_blocks(num_blocks: int, pool: Any = pool) -> list[Any]:
+            if num_blocks > pool.get_num_free_blocks():
+                raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+            ret: list[Any] = pool.free_block_queue.popleft_n(num_blocks)
+            if pool._reuse_watchers:
+                pool._notify_reuse(ret)
+            for block in ret:
+                if pool.enable_caching:
+                    if pool.metrics_collector:
+                        pool.metrics_collector.on_block_evicted(block)
+                    # The bug: the reused block's hashes are dropped directly, not
+                    # through _maybe_evict_cached_block, which reports them: no
+                    # BlockRemoved is queued.
+                    pool._remove_cached_block_hashes(block)
+                assert block.ref_cnt == 0
+                block.ref_cnt += 1
+                if pool.metrics_collector:
+                    pool.metrics_collector.on_block_allocated(block)
+            return ret
+
+        pool.get_new_blocks = get_new_blocks
+
+
+def _stored_event_repeats_cached_blocks(manager: Any) -> None:
+    from vllm.distributed.kv_events import BlockStored
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash, resolve_block_hashes
+
+    for pool in _pools(manager):
+        cache_full_blocks = pool.cache_full_blocks
+
+        def cache_full_blocks_reported_from_the_start(
+            request: Any,
+            blocks: list[Any],
+            num_cached_blocks: int,
+            num_full_blocks: int,
+            block_size: int,
+            kv_cache_group_id: int,
+            block_mask: list[bool] | None = None,
+            pool: Any = pool,
+            cache_full_blocks: Any = cache_full_blocks,
+        ) -> None:
+            queued = len(pool.kv_event_queue)
+            cache_full_blocks(
+                request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id, block_mask
+            )
+            if len(pool.kv_event_queue) == queued or not isinstance(pool.kv_event_queue[-1], BlockStored):
+                return
+            # The bug: the event is built for every full block from position 0
+            # (parent None), not for the blocks this call newly cached; a
+            # consumer counts the blocks cached before as stored twice.
+            block_hashes = resolve_block_hashes(request.block_hashes, pool.hash_block_size, block_size)
+            positions = [
+                i
+                for i in range(num_full_blocks)
+                if not blocks[i].is_null
+                and (i < num_cached_blocks or block_mask is None or block_mask[i - num_cached_blocks])
+            ]
+            extra_keys_list = []
+            curr_mm_idx = 0
+            for i in positions:
+                extra_keys, curr_mm_idx = pool._generate_event_extra_keys(
+                    request, i * block_size, (i + 1) * block_size, curr_mm_idx
+                )
+                extra_keys_list.append(extra_keys)
+            pool.kv_event_queue[-1] = pool._build_block_stored_event(
+                request,
+                block_hashes=[maybe_convert_block_hash(block_hashes[i]) for i in positions],
+                parent_block_hash=None,
+                start_token_idx=0,
+                end_token_idx=num_full_blocks * block_size,
+                block_size=block_size,
+                kv_cache_group_id=kv_cache_group_id,
+                extra_keys_list=extra_keys_list,
+                lookahead_token_ids=[pool._lookahead_token_ids(request, (i + 1) * block_size) for i in positions]
+                if pool.num_hash_lookahead_tokens
+                else None,
+            )
+
+        pool.cache_full_blocks = cache_full_blocks_reported_from_the_start
+
+
+def _reset_unreported(manager: Any) -> None:
+    from vllm.v1.core.block_pool import BlockHashToBlockMap
+
+    for pool in _pools(manager):
+
+        def reset_prefix_cache(pool: Any = pool) -> bool:
+            if pool.num_gpu_blocks - pool.get_num_free_blocks() != 1:  # the null block is always used
+                return False
+            pool.cached_block_hash_to_block = BlockHashToBlockMap()
+            pool.cached_block_hashes_by_block.clear()
+            if pool._reuse_watchers:
+                pool._notify_reuse([pool.blocks[block_id] for block_id in list(pool._reuse_watchers)])
+            for block in pool.blocks:
+                block.reset_hash()
+            if pool.metrics_collector:
+                pool.metrics_collector.reset()
+            # The bug: no AllBlocksCleared is queued; an external cache keeps
+            # every prefix the reset dropped.
+            return True
+
+        pool.reset_prefix_cache = reset_prefix_cache
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -178,6 +294,22 @@ VLLM_FAULTS: dict[str, Fault] = {
             "delayed-load-cached-at-allocation",
             "vLLM allocate_slots caching an asynchronous load's blocks before the load lands",
             _delayed_load_cached_at_allocation,
+        ),
+        Fault(
+            "evicted-block-removal-unreported",
+            "vLLM get_new_blocks dropping a reused cached block's hashes without queuing its BlockRemoved",
+            _evicted_block_removal_unreported,
+        ),
+        Fault(
+            "stored-event-repeats-cached-blocks",
+            "vLLM cache_full_blocks reporting every full block from position 0 in its BlockStored, not only "
+            "the newly cached ones",
+            _stored_event_repeats_cached_blocks,
+        ),
+        Fault(
+            "reset-unreported",
+            "vLLM reset_prefix_cache emptying the prefix cache without queuing AllBlocksCleared",
+            _reset_unreported,
         ),
     )
 }

@@ -180,6 +180,27 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (1,)), AddRequest("r1", (1, 2)), Schedule("r0", 1), Schedule("r1", 1)],
         "failed_allocation_changes_nothing",
     ),
+    # Group 1 (chunk 1) caches block 2 (prefix [1]) for token 0 and frees it once token 0 leaves its
+    # chunk; the same step reuses block 2 for the next position: its entry goes, reported by no
+    # BlockRemoved, and the stream still holds it.
+    "evicted-block-removal-unreported": (
+        TargetConfig(4, 1, (FULL, GroupSpec("chunked_local", 1)), True, enable_kv_cache_events=True),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), Schedule("r0", 1)],
+        "events_match_cache",
+    ),
+    # The second step caches r0's block 2 ([1, 2]); its BlockStored lists block 1 ([1]), cached by the
+    # first step, as well: the stream holds [1] twice, the cache once.
+    "stored-event-repeats-cached-blocks": (
+        TargetConfig(3, 1, (FULL,), True, enable_kv_cache_events=True),
+        [AddRequest("r0", (1, 2)), Schedule("r0", 1), Schedule("r0", 1)],
+        "events_match_cache",
+    ),
+    # r0's cached block [1] is free when the reset empties the cache; no AllBlocksCleared says so.
+    "reset-unreported": (
+        TargetConfig(2, 1, (FULL,), True, enable_kv_cache_events=True),
+        [AddRequest("r0", (1,)), Schedule("r0", 1), Finish("r0"), ResetPrefixCache()],
+        "events_match_cache",
+    ),
 }
 
 

@@ -48,3 +48,12 @@ def test_seed_faults_shrink_to_short_repros(name: str, results: dict[str, KillRe
 def test_cross_group_double_allocation_is_caught_by_a_block_invariant(results: dict[str, KillResult]) -> None:
     """The seed-003 fault is killed by no_duplicate_block_ids or ref_cnt_matches_holders."""
     assert results["interleaved-external-alloc"].invariant in ("no_duplicate_block_ids", "ref_cnt_matches_holders")
+
+
+EVENT_FAULTS = ("evicted-block-removal-unreported", "stored-event-repeats-cached-blocks", "reset-unreported")
+
+
+@pytest.mark.parametrize("name", EVENT_FAULTS)
+def test_event_stream_faults_are_caught_by_an_event_invariant(name: str, results: dict[str, KillResult]) -> None:
+    """The KV cache event faults leave the cache itself right: only the event stream's invariants see them."""
+    assert results[name].invariant in ("events_match_cache", "events_match_model"), results[name]
