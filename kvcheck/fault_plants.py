@@ -21,6 +21,7 @@ import kvcore
 from kvcore.block import KVBlock
 from kvcore.blocks_math import ceil_div
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
+from kvcore.events import AllBlocksCleared
 from kvcore.hashing import BlockHash
 from kvcore.managers import ChunkedLocalAttentionManager, FullAttentionManager, SlidingWindowManager
 from kvcore.managers.base import HitBlocks, drop_last_block
@@ -135,6 +136,7 @@ def plant_reset_discounts_null_block_twice(manager: kvcore.KVCacheManager) -> No
         pool.cache.clear()
         for block in pool.blocks:
             block.block_hash = None
+        pool.record_event(AllBlocksCleared())
         return True
 
     pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
@@ -177,8 +179,7 @@ def plant_evict_skips_held_blocks(manager: kvcore.KVCacheManager) -> None:
             # ones are dealt with when freed; a block whose external load
             # failed stays in the cache and is hit by the next request.
             if block.block_hash is not None and block.ref_cnt == 0:
-                pool.cache.pop(block.block_hash, block.block_id)
-                block.block_hash = None
+                pool._evict(block)
 
     pool.evict_blocks = evict_blocks  # type: ignore[method-assign]
 

@@ -478,8 +478,8 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     lru_eviction_when_caching_on,
     tables_match_model,
     cache_matches_model,
-    events_match_model,
     reset_refused_only_while_held,
+    events_match_model,
 )
 
 
