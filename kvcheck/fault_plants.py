@@ -12,7 +12,7 @@ comment that names the bug.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -145,8 +145,9 @@ def plant_reset_discounts_null_block_twice(manager: kvcore.KVCacheManager) -> No
 # -- the prefix-cache map ----------------------------------------------------
 
 
-def plant_reused_block_leaves_map_entry(manager: kvcore.KVCacheManager) -> None:
-    pool = manager.block_pool
+def reuse_cached_blocks_by(pool: kvcore.BlockPool, uncache: Callable[[KVBlock], None]) -> None:
+    """Make ``pool.get_new_blocks`` hand out blocks as kvcore does, but drop a reused cached block's
+    entry with ``uncache`` in place of the pool's own eviction."""
 
     def get_new_blocks(n_blocks: int) -> list[KVBlock]:
         if n_blocks < 0:
@@ -155,14 +156,22 @@ def plant_reused_block_leaves_map_entry(manager: kvcore.KVCacheManager) -> None:
             raise OutOfBlocks(requested=n_blocks, available=pool.free_queue.num_free)
         blocks = pool.free_queue.popleft_n(n_blocks)
         for block in blocks:
-            # The bug: a reused cached block forgets its hash, but its entry
-            # stays in the prefix-cache map, pointing at a block that now
-            # holds other tokens.
-            block.block_hash = None
+            if block.block_hash is not None:
+                uncache(block)
             block.ref_cnt = 1
         return blocks
 
     pool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+
+
+def plant_reused_block_leaves_map_entry(manager: kvcore.KVCacheManager) -> None:
+    def forget_hash(block: KVBlock) -> None:
+        # The bug: a reused cached block forgets its hash, but its entry
+        # stays in the prefix-cache map, pointing at a block that now
+        # holds other tokens.
+        block.block_hash = None
+
+    reuse_cached_blocks_by(manager.block_pool, forget_hash)
 
 
 def plant_evict_skips_held_blocks(manager: kvcore.KVCacheManager) -> None:
@@ -516,23 +525,15 @@ def plant_window_admission_cap_one_block_short(manager: kvcore.KVCacheManager) -
 def plant_evicted_block_removal_unreported(manager: kvcore.KVCacheManager) -> None:
     pool = manager.block_pool
 
-    def get_new_blocks(n_blocks: int) -> list[KVBlock]:
-        if n_blocks < 0:
-            raise InvalidArgument("n_blocks", n_blocks, "must be >= 0")
-        if n_blocks > pool.free_queue.num_free:
-            raise OutOfBlocks(requested=n_blocks, available=pool.free_queue.num_free)
-        blocks = pool.free_queue.popleft_n(n_blocks)
-        for block in blocks:
-            if block.block_hash is not None:
-                # The bug: the reused block's entry is dropped here directly,
-                # not through the eviction path that queues its BlockRemoved;
-                # an external cache keeps routing the prefix to this block.
-                pool.cache.pop(block.block_hash, block.block_id)
-                block.block_hash = None
-            block.ref_cnt = 1
-        return blocks
+    def drop_entry_quietly(block: KVBlock) -> None:
+        # The bug: the reused block's entry is dropped here directly, not
+        # through the eviction path that queues its BlockRemoved; an
+        # external cache keeps routing the prefix to this block.
+        assert block.block_hash is not None
+        pool.cache.pop(block.block_hash, block.block_id)
+        block.block_hash = None
 
-    pool.get_new_blocks = get_new_blocks  # type: ignore[method-assign]
+    reuse_cached_blocks_by(pool, drop_entry_quietly)
 
 
 def plant_stored_event_repeats_cached_blocks(manager: kvcore.KVCacheManager) -> None:
