@@ -19,6 +19,15 @@ drift from the target.  The expected values come from
 :class:`~kvcheck.models.manager_model.ManagerModel` stepped over the same
 operations, never from vLLM.
 
+With KV cache events on (``enable_kv_cache_events``), the manager is built
+with them, and the file takes ``manager.take_events()`` after each operation,
+where the target takes them; its ``EventStream`` reads them as plain values,
+block hashes as the token prefixes the test's requests hash to, and each step
+checks the stream replayed from the start against the prefix-cache map
+(``events_match_cache``) and the step's events against the ones the model's
+stream adds at that step (``events_match_model``), in kvcheck's order.
+Without events the file is as it was before they existed.
+
 If kvcheck finds an invariant violated on the installed vLLM while
 exporting (a real bug, the reason to export), the file stops after that
 step, where the test then fails; its docstring records that verdict.
@@ -41,7 +50,7 @@ import attrs
 from kvcheck.config import TargetConfig
 from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
 from kvcheck.models.manager_model import ManagerModel
-from kvcheck.observation import Observation
+from kvcheck.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.pipeline import read_positions
 from kvcheck.targets.vllm_target import (
@@ -338,10 +347,15 @@ FIXED_NAMES = frozenset(
 )
 """Names the exported file defines, imports or uses besides those in :data:`HELPERS`."""
 
+EVENT_NAMES = frozenset({"stream", "Any", "AllBlocksCleared", "BlockRemoved", "BlockStored"})
+"""Names the exported file uses besides those in :data:`EVENT_HELPERS` when the trace enables KV cache events."""
 
-def reserved_names() -> frozenset[str]:
+
+def reserved_names(events: bool = False) -> frozenset[str]:
     """Names a request's variable must not take: any the exported file uses (one assigned in the test
     function would make it local there), including every word of the helpers, comments included."""
+    if events:
+        return FIXED_NAMES | EVENT_NAMES | frozenset(re.findall(r"[A-Za-z_]\w*", helpers(events)))
     return FIXED_NAMES | frozenset(re.findall(r"[A-Za-z_]\w*", HELPERS))
 
 
@@ -425,7 +439,7 @@ class RecordingTarget(VllmTarget):
             not request_id.isidentifier()
             or not request_id.isascii()
             or keyword.iskeyword(request_id)
-            or request_id in reserved_names()
+            or request_id in reserved_names(self.config.enable_kv_cache_events)
             or request_id.startswith(("popped_", "reads_", "_"))
             or len(request_id) > MAX_VARIABLE_CHARS
         ):
@@ -446,8 +460,11 @@ class RecordingTarget(VllmTarget):
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
         variable = self.new_variable(request_id)
-        room = LINE_LENGTH - 3 * len(INDENT) - 1  # a part of the id, on its own line, then a comma
-        self.emit(f"{variable} = ", call("make_request", string_node(request_id, room), value_node(list(prompt))))
+        events = self.config.enable_kv_cache_events
+        room = LINE_LENGTH - (3 + events) * len(INDENT) - 1  # a part of the id, on its own line, then a comma
+        made = call("make_request", string_node(request_id, room), value_node(list(prompt)))
+        # With KV cache events the stream reads the request's block hashes, to read vLLM's events.
+        self.emit(f"{variable} = ", call("stream.track", made) if events else made)
         return RequestProxy(super()._new_request(request_id, prompt), variable, self)
 
     def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
@@ -523,6 +540,11 @@ class RecordingTarget(VllmTarget):
         self.emit(f"manager.cache_blocks({self.variable(request)}, {num_computed_tokens})")
         super()._cache_blocks(unwrap(request), num_computed_tokens)
 
+    def _take_events(self) -> list[Any]:
+        # Once after every operation, as VllmTarget.apply takes them: read as plain values in the file.
+        self.emit("step.events = stream.take(manager)")
+        return super()._take_events()
+
     def _evict(self, block_ids: set[int]) -> None:
         self.emit("", call("manager.evict_blocks", value_node(set(block_ids))))
         super()._evict(block_ids)
@@ -588,6 +610,7 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
     except Exception as exc:
         raise ExportError(where, f"vLLM cannot build a KVCacheManager for it: {type(exc).__name__}: {exc}") from exc
     model = ManagerModel(config)
+    model_events = 0  # how many events of the model's stream earlier steps added
     steps: list[ExportedStep] = []
     verdict: InvariantViolation | None = None
     for number, op in enumerate(trace.ops, start=1):
@@ -615,7 +638,10 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
                 f"kvcheck export: the recorded calls left vLLM in another state than VllmTarget at step {number} "
                 f"({describe_op(op)}); this is a bug in kvcheck/export.py"
             )
-        steps.append(ExportedStep(number, op, recorder.statements, _check_call(recorder, op, model_result, model_obs)))
+        step_events = model_obs.events[model_events:]
+        model_events = len(model_obs.events)
+        check = _check_call(recorder, op, model_result, model_obs, step_events)
+        steps.append(ExportedStep(number, op, recorder.statements, check))
         try:
             check_all(StepCheck(number, op, config, sut_result, model_result, sut_obs, model_obs))
             recorder.check_internal()
@@ -640,8 +666,11 @@ def _same_failure(reference: VllmTarget, op: Operation, exc: Exception, number: 
     ) from exc
 
 
-def _check_call(recorder: RecordingTarget, op: Operation, result: StepResult, model: Observation) -> Seq:
-    """``step.check(manager, ...)`` with the state the model predicts after the operation."""
+def _check_call(
+    recorder: RecordingTarget, op: Operation, result: StepResult, model: Observation, events: Iterable[CacheEvent]
+) -> Seq:
+    """``step.check(manager, ...)`` with the state the model predicts after the operation (and, with KV cache
+    events, ``step.check(manager, stream, ...)`` with the ``events`` the model's stream adds at the step)."""
     kwargs: dict[str, Node] = {}
     if result.admitted is not None:
         kwargs["admitted"] = value_node(result.admitted)
@@ -657,6 +686,10 @@ def _check_call(recorder: RecordingTarget, op: Operation, result: StepResult, mo
     kwargs["ref_counts"] = value_node({b: n for b, n in sorted(model.ref_counts.items()) if n})
     kwargs["cached"] = value_node(sorted((group, block) for group, _, block in model.cache_entries))
     config = recorder.config
+    arguments = [Atom("manager")]
+    if config.enable_kv_cache_events:
+        arguments.append(Atom("stream"))
+        kwargs["events"] = value_node([event_value(event) for event in events])
     if config.defer_block_free:
         pending = [popped for _, popped in recorder.pipeline.deferred]
         kwargs["pending_frees"] = value_node(pending, recorder.names)
@@ -667,15 +700,34 @@ def _check_call(recorder: RecordingTarget, op: Operation, result: StepResult, mo
             if id(reads) not in recorder.names:
                 raise AssertionError("a step in flight has reads that were never written out")
         kwargs["in_flight"] = value_node(held, recorder.names)
-    return exploded(call("step.check", Atom("manager"), **kwargs))
+    return exploded(call("step.check", *arguments, **kwargs))
+
+
+def event_value(event: CacheEvent) -> tuple[object, ...]:
+    """A KV cache event of kvcheck's as the exported file's ``EventStream.take`` reads vLLM's: a plain value."""
+    if isinstance(event, StoredEvent):
+        lookahead = event.lookahead_token_ids
+        return (
+            "stored",
+            event.group,
+            [list(prefix) for prefix in event.prefixes],
+            None if event.parent is None else list(event.parent),
+            list(event.token_ids),
+            event.block_size,
+            None if lookahead is None else [list(ids) for ids in lookahead],
+        )
+    if isinstance(event, RemovedEvent):
+        return ("removed", event.group, list(event.prefix))
+    return ("cleared",)
 
 
 # -- the file -------------------------------------------------------------------------------------------
 
 
 def _render(trace: Trace, facts: FileFacts, steps: list[ExportedStep], verdict: InvariantViolation | None) -> str:
-    _drop_unused_variables(steps)
-    body = _body(steps, fill=True)
+    events = trace.config.enable_kv_cache_events
+    _drop_unused_variables(steps, events)
+    body = _body(steps, events, fill=True)
     lines = [
         _docstring(trace, facts, verdict),
         "",
@@ -687,13 +739,13 @@ def _render(trace: Trace, facts: FileFacts, steps: list[ExportedStep], verdict: 
         _make_manager(trace.config),
         "",
         "",
-        HELPERS,
+        helpers(events),
         "",
         "",
         "def test_kvcheck_trace() -> None:",
         f'{INDENT}"""The trace\'s operations on vLLM, each followed by the state kvcheck\'s model predicts."""',
     ]
-    if body != _body(steps, fill=False):
+    if body != _body(steps, events, fill=False):
         lines.append(
             f"{INDENT}# Long lists of ids fill their lines here; ruff format would give each id a line of its own."
         )
@@ -701,10 +753,13 @@ def _render(trace: Trace, facts: FileFacts, steps: list[ExportedStep], verdict: 
     return "\n".join([*lines, *body, ""])
 
 
-def _body(steps: list[ExportedStep], fill: bool) -> list[str]:
-    """The test function's statements: the manager, then each step in its ``with Step(...)`` block."""
+def _body(steps: list[ExportedStep], events: bool, fill: bool) -> list[str]:
+    """The test function's statements: the manager (and the KV cache event stream, with ``events``), then each
+    step in its ``with Step(...)`` block."""
     indent = len(INDENT)
     body = [f"{INDENT}manager = make_manager()"]
+    if events:
+        body.append(f"{INDENT}stream = EventStream()")
     for step in steps:
         description = string_node(describe_op(step.op), LINE_LENGTH - 2 * indent - 1)
         body.extend(lay_out(call("Step", Atom(str(step.number)), description), indent, "with ", " as step:"))
@@ -717,10 +772,10 @@ def _body(steps: list[ExportedStep], fill: bool) -> list[str]:
     return body
 
 
-def _drop_unused_variables(steps: list[ExportedStep]) -> None:
+def _drop_unused_variables(steps: list[ExportedStep], events: bool) -> None:
     """Write ``manager.pop_blocks_for_free(r0)`` rather than ``popped_3 = ...`` when nothing later uses
     ``popped_3`` (an empty list is never freed), and so for a request never scheduled."""
-    function = ast.parse("\n".join(["def test():", *_body(steps, fill=False)]))
+    function = ast.parse("\n".join(["def test():", *_body(steps, events, fill=False)]))
     read = {node.id for node in ast.walk(function) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
     for step in steps:
         for statement in step.statements:
@@ -754,9 +809,17 @@ def _docstring(trace: Trace, facts: FileFacts, verdict: InvariantViolation | Non
         "agrees with the block hashes, blocks for every scheduled slot and every step in flight), then the "
         "state kvcheck's reference model of the allocator predicts: the prefix hit, the admission, the new "
         "blocks, every request's block table per KV-cache group, the free queue head to tail, every block's "
-        "ref count and the (group, block id) pairs in the prefix-cache map.  A failure names the kvcheck "
-        "invariant, the step and the operation, with the expected (model) and actual (vLLM) values; an "
-        "exception raised by vLLM is reported as target_raised."
+        "ref count and the (group, block id) pairs in the prefix-cache map.  "
+        + (
+            "With KV cache events enabled, it takes vLLM's events after every step, as vLLM's scheduler does, "
+            "reads their block hashes as the token prefixes they stand for, and checks that the stream replayed "
+            "from the start holds exactly the prefix-cache map's (group, prefix) entries (events_match_cache) "
+            "and that each step's events are the ones the model predicts (events_match_model).  "
+            if config.enable_kv_cache_events
+            else ""
+        )
+        + "A failure names the kvcheck invariant, the step and the operation, with the expected (model) and "
+        "actual (vLLM) values; an exception raised by vLLM is reported as target_raised."
     )
     lines.append("")
     if trace.expect is not None:
@@ -813,16 +876,28 @@ def _imports(config: TargetConfig, uses: set[str]) -> str:
         "from collections import Counter",
         "from collections.abc import Sequence",
         "from types import TracebackType",
-        "from typing import NoReturn",
+        "from typing import Any, NoReturn" if config.enable_kv_cache_events else "from typing import NoReturn",
         "",
         "import vllm",
+    ]
+    utils = ["KVCacheBlock", "get_group_id", "get_request_block_hasher", "init_none_hash"]
+    if config.enable_kv_cache_events:
+        lines.append("from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored")
+        utils = sorted([*utils, "get_block_hash", "maybe_convert_block_hash"], key=lambda name: (name.islower(), name))
+    lines += [
         "from vllm.sampling_params import SamplingParams",
         "from vllm.utils.hashing import get_hash_fn_by_name",
         "from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE",
         "from vllm.v1.core.block_pool import BlockPool",
         "from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager",
-        "from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id, get_request_block_hasher, init_none_hash",
     ]
+    utils_import = f"from vllm.v1.core.kv_cache_utils import {', '.join(utils)}"
+    if len(utils_import) <= LINE_LENGTH:
+        lines.append(utils_import)
+    else:
+        lines += lay_out(
+            Seq("from vllm.v1.core.kv_cache_utils import (", ")", tuple(Item(Atom(n)) for n in utils), True), 0
+        )
     lines += lay_out(
         Seq("from vllm.v1.kv_cache_interface import (", ")", tuple(Item(Atom(n)) for n in interface), True), 0
     )
@@ -887,6 +962,10 @@ def _make_manager(config: TargetConfig) -> str:
         num_hash_lookahead_tokens=Atom("NUM_HASH_LOOKAHEAD_TOKENS"),
         num_prefill_lookahead=value_node(config.num_prefill_lookahead),
     )
+    if config.enable_kv_cache_events:
+        manager_call = attrs.evolve(
+            manager_call, items=(*manager_call.items, Item(value_node(True), "enable_kv_cache_events="))
+        )
     manager_call = exploded(manager_call)
     lines = [
         "def make_manager() -> KVCacheManager:",
@@ -1175,3 +1254,197 @@ class Step:
                             f"flight, is {state}: neither in the request's table nor in a deferred free"
                         )
                         self.fail("in_flight_blocks_held", detail)'''
+
+
+EVENT_HELPERS = '''\
+Event = tuple[Any, ...]
+"""A KV cache event as a plain value: ("stored", group, [prefix, ...], parent prefix or None, token ids, block size,
+[lookahead token ids, ...] or None), ("removed", group, prefix) for each hash of a BlockRemoved, or ("cleared",); a
+prefix is the list of token ids a block hash stands for."""
+
+
+class EventStream:
+    """vLLM's KV cache events, taken after every step as vLLM's scheduler takes them, block hashes read as prefixes.
+
+    A block hash stands for the tokens of its block and of every block before it, and the NUM_HASH_LOOKAHEAD_TOKENS
+    tokens after it; events publish it as maybe_convert_block_hash makes it.  The prefixes are read from the block
+    hashes of every request made in the test (``track``), finished ones included.  ``view`` is the stream replayed
+    from the start: how many prefix-cache entries of each (group, prefix) it reports.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.prefixes: dict[object, list[int]] = {}
+        self.view: Counter[tuple[int, tuple[int, ...]]] = Counter()
+        self.replayed = 0
+
+    def track(self, request: Request) -> Request:
+        """Read the block hashes of ``request`` from now on, the new ones as its tokens grow."""
+        self.requests.append(request)
+        return request
+
+    def take(self, manager: KVCacheManager) -> list[Event]:
+        """The events vLLM queued since the last take (manager.take_events()), as plain values."""
+        for request in self.requests:
+            tokens = request.all_token_ids
+            for index, block_hash in enumerate(request.block_hashes):
+                end = (index + 1) * BLOCK_SIZE + NUM_HASH_LOOKAHEAD_TOKENS
+                self.prefixes.setdefault(maybe_convert_block_hash(block_hash), list(tokens[:end]))
+        events: list[Event] = []
+        for event in manager.take_events():
+            if isinstance(event, BlockStored):
+                parent = event.parent_block_hash
+                lookahead = event.lookahead_token_ids
+                stored = (
+                    "stored",
+                    event.group_idx,
+                    [self.prefix(block_hash) for block_hash in event.block_hashes],
+                    None if parent is None else self.prefix(parent),
+                    list(event.token_ids),
+                    event.block_size,
+                    None if lookahead is None else [list(ids) for ids in lookahead],
+                )
+                events.append(stored)
+            elif isinstance(event, BlockRemoved):
+                # One event per hash, as kvcheck reads a BlockRemoved.
+                events.extend(("removed", event.group_idx, self.prefix(removed)) for removed in event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                events.append(("cleared",))
+            else:
+                raise TypeError(f"unknown KV cache event {event!r}")
+        return events
+
+    def prefix(self, block_hash: object) -> list[int]:
+        """The token prefix a block hash, as events publish it, stands for."""
+        if block_hash not in self.prefixes:
+            raise LookupError(f"block hash {block_hash!r} is none of the block hashes of the test's requests")
+        return self.prefixes[block_hash]
+
+    def cached(self, entries: set[tuple[bytes, int]]) -> Counter[tuple[int, tuple[int, ...]]]:
+        """The prefix-cache map's entries as (group, prefix) x count."""
+        return Counter(
+            (get_group_id(key), tuple(self.prefix(maybe_convert_block_hash(get_block_hash(key))))) for key, _ in entries
+        )
+
+
+def entry_counts(entries: Counter[tuple[int, tuple[int, ...]]]) -> str:
+    """A few (group, prefix) x count, as text."""
+    shown = [f"group {group} prefix {list(prefix)} x {count}" for (group, prefix), count in sorted(entries.items())]
+    return "[" + "; ".join(shown[:3]) + ("; ..." if len(shown) > 3 else "") + "]"
+
+
+def stored_event_problem(event: Event) -> str | None:
+    """What makes a stored event malformed, if anything: it covers whole blocks of BLOCK_SIZE tokens following its
+    parent, and stores, block by block, prefixes of its parent and tokens up to a block (and the lookahead after)."""
+    _, _, prefixes, parent, token_ids, block_size, lookahead_ids = event
+    lookahead = NUM_HASH_LOOKAHEAD_TOKENS
+    if block_size != BLOCK_SIZE:
+        return f"says blocks of {block_size} tokens, not {BLOCK_SIZE}"
+    if len(token_ids) % BLOCK_SIZE or not token_ids:
+        return f"covers {len(token_ids)} tokens, not a positive number of whole blocks"
+    start = 0
+    if parent is not None:
+        if len(parent) <= lookahead or (len(parent) - lookahead) % BLOCK_SIZE:
+            return f"names a {len(parent)}-token parent prefix, not whole blocks"
+        start = (len(parent) - lookahead) // BLOCK_SIZE
+    # The tokens the event speaks of: the parent's blocks, then its own.
+    tokens = (parent or [])[: start * BLOCK_SIZE] + token_ids
+    end = start + len(token_ids) // BLOCK_SIZE
+    if parent is not None and tokens[: len(parent)] != parent[: len(tokens)]:
+        return f"covers tokens {token_ids} that do not follow its parent {parent}"
+    if (lookahead_ids is None) != (lookahead == 0):
+        return f"has lookahead tokens {lookahead_ids} with hashes looking {lookahead} tokens ahead"
+    last = start - 1
+    for entry, prefix in enumerate(prefixes):
+        position = (len(prefix) - lookahead) // BLOCK_SIZE - 1
+        whole = len(prefix) > lookahead and (len(prefix) - lookahead) % BLOCK_SIZE == 0
+        if not whole or not last < position < end:
+            return f"stores a {len(prefix)}-token prefix, not the next whole block among positions {start}..{end - 1}"
+        cut = (position + 1) * BLOCK_SIZE
+        if prefix[:cut] != tokens[:cut] or (parent is not None and prefix[: len(parent)] != parent):
+            return f"stores prefix {prefix}, which is not its parent and tokens {tokens[:cut]}"
+        if lookahead_ids is not None and lookahead_ids[entry] != prefix[cut:]:
+            return f"gives lookahead tokens {lookahead_ids[entry]} for prefix {prefix}"
+        last = position
+    return None'''
+
+
+EVENT_STREAM_CHECK = '''
+
+    def _check_event_stream(self, stream: EventStream, entries: set[tuple[bytes, int]]) -> None:
+        """kvcheck's events_match_cache: the step's events, replayed onto the stream's view from the start, are
+        well formed and remove only entries the stream holds; the view then holds each (group, prefix) exactly as
+        many times as the prefix-cache map does."""
+        for event in self.events:
+            index = stream.replayed
+            stream.replayed += 1
+            if event[0] == "cleared":
+                stream.view.clear()
+            elif event[0] == "removed":
+                _, group, prefix = event
+                if stream.view[group, tuple(prefix)] <= 0:
+                    detail = (
+                        f"event {index} removes group {group} prefix {prefix}, which the stream does not hold (never "
+                        "stored, or removed already)"
+                    )
+                    self.fail("events_match_cache", detail)
+                stream.view[group, tuple(prefix)] -= 1
+            else:
+                problem = stored_event_problem(event)
+                if problem is not None:
+                    self.fail("events_match_cache", f"stored event {index} (group {event[1]}) {problem}")
+                stream.view.update((event[1], tuple(prefix)) for prefix in event[2])
+        view, held = +stream.view, stream.cached(entries)
+        if view != held:
+            unheld, unreported = entry_counts(view - held), entry_counts(held - view)
+            detail = (
+                f"the event stream holds {unheld} beyond the cache (stored twice, or a removal not reported); the "
+                f"cache holds {unreported} beyond the stream (a store not reported)"
+            )
+            self.fail("events_match_cache", detail)'''
+
+
+def _after(anchor: str, addition: str) -> tuple[str, str]:
+    """An edit of the helpers: ``addition`` right after ``anchor``."""
+    return anchor, anchor + addition
+
+
+EVENT_EDITS = (
+    # (text of HELPERS, its replacement with KV cache events); each text is found exactly once.
+    _after("        self.reset: object = UNSET\n", "        self.events: list[Event] = []\n"),
+    (
+        "        self,\n        manager: KVCacheManager,\n        *,\n",
+        "        self,\n        manager: KVCacheManager,\n        stream: EventStream,\n        *,\n",
+    ),
+    _after(
+        "        in_flight: Sequence[tuple[str, list[list[int]]]] = (),\n", "        events: Sequence[Event] = (),\n"
+    ),
+    _after(
+        "freed yet; ``in_flight`` the block ids each step still in flight reads and writes, per group.\n",
+        "        ``stream`` holds vLLM's KV cache events up to this step, ``self.events`` the step's; ``events`` are\n"
+        "        the step's events the model predicts.\n",
+    ),
+    _after(
+        "        self._check_consistency(manager, actual_tables, actual_refs, actual_free, entries, pending)\n",
+        "        self._check_event_stream(stream, entries)\n",
+    ),
+    _after(  # kvcheck checks events_match_model last of its invariants, then the target's own check
+        '        self.expect("reset_refused_only_while_held", "reset result differs", reset_done, actual_reset)\n',
+        '        self.expect("events_match_model", "the KV cache events of the step differ", '
+        "list(events), self.events)\n",
+    ),
+)
+
+
+def helpers(events: bool) -> str:
+    """The exported file's helpers: :data:`HELPERS`; with KV cache events, also :data:`EVENT_HELPERS` and the
+    event checks in ``Step.check``, where kvcheck checks ``events_match_cache`` and ``events_match_model``."""
+    if not events:
+        return HELPERS
+    text = HELPERS
+    invariant_class = "\n\n\nclass InvariantViolation(AssertionError):"
+    for old, replacement in (*EVENT_EDITS, (invariant_class, "\n\n\n" + EVENT_HELPERS + invariant_class)):
+        if text.count(old) != 1:
+            raise AssertionError(f"kvcheck export: the helpers lost {old!r}; this is a bug in kvcheck/export.py")
+        text = text.replace(old, replacement)
+    return text + EVENT_STREAM_CHECK

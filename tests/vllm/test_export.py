@@ -3,6 +3,7 @@
 Every corpus trace is exported, then all the exported files run in one pytest subprocess on vLLM as
 installed (each must pass), and the traces of the faults expressed against vLLM run in a second one with
 their fault planted by ``export_fault_plugin`` (each must fail, naming the invariant the trace expects).
+A few traces with KV cache events on, written here, are exported and run with the corpus.
 
 Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``); in the default set-up
 the whole module is skipped.
@@ -35,7 +36,7 @@ from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
 from kvcheck.export import ExportError, default_output_name, export_trace  # noqa: E402
 from kvcheck.models.invariants import ALL_INVARIANTS  # noqa: E402
 from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm  # noqa: E402
-from kvcheck.trace import Trace, load_trace  # noqa: E402
+from kvcheck.trace import Trace, load_trace, parse_trace  # noqa: E402
 from kvcheck.vllm_faults import VLLM_FAULTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +52,91 @@ raised or failed its own check."""
 VIOLATION = re.compile(r"(\w+) violated at step (\d+) \(")
 BUGGY_EXPORT = "test_s003_exported_on_buggy_vllm.py"
 """s003 exported while vLLM carries its fault: the file stops at the step kvcheck found violated."""
+
+
+def event_trace(config: dict[str, object], *ops: dict[str, object]) -> str:
+    """The text of a trace with KV cache events on."""
+    document = {
+        "format": "kvcheck-trace",
+        "version": 1,
+        "config": {"enable_caching": True, **config, "enable_kv_cache_events": True},
+        "ops": list(ops),
+    }
+    return json.dumps(document)
+
+
+def add(request_id: str, *prompt: int) -> dict[str, object]:
+    return {"op": "add_request", "request_id": request_id, "prompt": list(prompt)}
+
+
+def schedule(request_id: str, new: int, sampled: int = 0) -> dict[str, object]:
+    return {
+        "op": "schedule",
+        "request_id": request_id,
+        "num_new_tokens": new,
+        "num_external_tokens": 0,
+        "sampled_token": sampled,
+    }
+
+
+def op(name: str, **fields: object) -> dict[str, object]:
+    return {"op": name, **fields}
+
+
+EVICT_AND_RESET = [
+    add("r0", 1, 2, 3, 4, 5, 6),
+    schedule("r0", 3),
+    schedule("r0", 3, sampled=7),
+    add("r1", 1, 2, 3, 4, 5, 9, 9),
+    schedule("r1", 7, sampled=8),
+    op("finish", request_id="r0"),
+    add("r2", 5, 5, 5, 5, 5, 5, 5),
+    schedule("r2", 7, sampled=3),  # reuses cached blocks: their entries are removed
+    schedule("r1", 1, sampled=8),
+    op("preempt", request_id="r1"),
+    op("evict_blocks", block_ids=[1, 2, 3, 4, 5]),
+    op("reset_prefix_cache"),  # refused: r2 holds blocks
+    op("finish", request_id="r2"),
+    op("finish", request_id="r1"),
+    op("reset_prefix_cache"),
+    add("r0", 1, 2, 3, 4, 5, 6),  # the id again, a new request after the first finished
+    schedule("r0", 6, sampled=1),
+]
+EVENT_TRACES = {
+    "events_two_groups_lookahead": event_trace(
+        {
+            "num_blocks": 9,
+            "block_size": 2,
+            "groups": [{"kind": "full"}, {"kind": "sliding_window", "window": 3}],
+            "num_hash_lookahead_tokens": 1,
+        },
+        *EVICT_AND_RESET,
+    ),
+    "events_async_deferred_frees": event_trace(
+        {
+            "num_blocks": 9,
+            "block_size": 2,
+            "groups": [{"kind": "full"}],
+            "async_scheduling": True,
+            "defer_block_free": True,
+        },
+        *EVICT_AND_RESET[:3],
+        op("process_output"),
+        *EVICT_AND_RESET[3:8],
+        op("process_output"),
+        *EVICT_AND_RESET[8:],
+    ),
+    "events_spec_decode": event_trace(
+        {"num_blocks": 6, "block_size": 2, "groups": [{"kind": "full"}]},
+        *EVICT_AND_RESET[:6],
+        op("spec_decode", request_id="r1", num_draft_tokens=3, num_accepted_tokens=2, sampled_token=4),
+        *EVICT_AND_RESET[6:10],
+        op("evict_blocks", block_ids=[1, 2, 3, 4, 5]),
+        *EVICT_AND_RESET[11:],
+    ),
+}
+"""Traces with KV cache events on: stores with and without a parent, lookahead hashes, removals of evicted and
+reused blocks, refused and done resets, a request id used again; exported as ``test_<name>_vllm.py``."""
 
 
 @attrs.frozen
@@ -77,6 +163,13 @@ def vllm_fault_traces() -> list[FaultTrace]:
 
 
 FAULT_TRACES = vllm_fault_traces()
+EVENT_FAULT_TRACES = [trace for trace in FAULT_TRACES if load_trace(trace.path).config.enable_kv_cache_events]
+"""The vLLM faults' corpus traces with KV cache events on (each also exported while vLLM carries its fault)."""
+
+
+def buggy_export_name(trace: FaultTrace) -> str:
+    """The file of ``trace`` exported while vLLM carries its fault."""
+    return trace.exported_name.removesuffix("_vllm.py") + "_exported_on_buggy_vllm.py"
 
 
 @attrs.frozen
@@ -118,8 +211,13 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "pytest.ini").write_text("[pytest]\n")  # a rootdir of its own: no configuration inherited
     for path in CORPUS:
         (folder / default_output_name(path)).write_text(export_trace(load_trace(path), path.name))
+    for name, text in EVENT_TRACES.items():
+        (folder / f"test_{name}_vllm.py").write_text(export_trace(parse_trace(text, name), f"{name}.json"))
     with planted_in_process("interleaved-external-alloc"):
         (folder / BUGGY_EXPORT).write_text(export_trace(load_trace(S003), S003.name))
+    for trace in EVENT_FAULT_TRACES:
+        with planted_in_process(trace.fault):
+            (folder / buggy_export_name(trace)).write_text(export_trace(load_trace(trace.path), trace.path.name))
     return folder
 
 
@@ -153,6 +251,7 @@ def planted_run(exported: Path) -> dict[str, Outcome]:
     """Each vLLM fault's exported trace run with that fault planted (and the buggy export under s003's)."""
     faults = {trace.exported_name: trace.fault for trace in FAULT_TRACES}
     faults[BUGGY_EXPORT] = "interleaved-external-alloc"
+    faults.update({buggy_export_name(trace): trace.fault for trace in EVENT_FAULT_TRACES})
     mapping = ",".join(f"{name}={fault}" for name, fault in faults.items())
     env = {"PYTHONPATH": str(PLUGIN_FOLDER), "KVCHECK_EXPORT_FAULTS": mapping}
     return run_pytest(exported, sorted(faults), env, ["export_fault_plugin"])
@@ -203,6 +302,117 @@ def test_an_export_made_on_a_buggy_vllm_stops_at_the_violation(
     assert "no_duplicate_block_ids violated at step 4 (schedule(r0, new=1, ext=1, sampled=0))" in failure.message
 
 
+# -- KV cache events --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", EVENT_TRACES)
+def test_an_exported_trace_with_kv_cache_events_passes_on_vllm_as_released(
+    exported: Path, clean_run: dict[str, Outcome], name: str
+) -> None:
+    """A trace with KV cache events on exports to a file that builds the manager with events, takes them
+    after every step as the target does, asserts them against the model, and passes on vLLM 0.33.0."""
+    file_name = f"test_{name}_vllm.py"
+    text = (exported / file_name).read_text()
+    steps = len(parse_trace(EVENT_TRACES[name], name).ops)
+    assert "        enable_kv_cache_events=True,\n" in text
+    assert "When exported, every step held on vLLM 0.33.0." in " ".join(text.split())
+    assert text.count("step.events = stream.take(manager)") == steps
+    assert len(re.findall(r"^ {12}events=", text, re.MULTILINE)) == steps
+    # The model's stream, as the file expects it: stores without and with a parent, removals and clears.
+    assert re.search(r'\("stored", 0, \[\[[^()]*\]\], None, ', text), text
+    assert re.search(r'\("stored", 0, \[\[[^()]*\]\], \[[\d, ]+\], ', text), text
+    assert '("removed", 0, [' in text and '("cleared",)' in text
+    if name == "events_two_groups_lookahead":  # the sliding-window group's, with lookahead tokens
+        assert '("stored", 1, [[1, 2, 3]], None, [1, 2], 2, [[3]])' in text and '("removed", 1, [5, 5, 5])' in text
+    outcome = clean_run[file_name]
+    assert outcome.passed, outcome.message
+
+
+def test_a_trace_without_events_exports_no_event_code() -> None:
+    """Without KV cache events the file neither enables nor takes them: its text is as before events."""
+    text = export_trace(load_trace(S003), S003.name)
+    for word in ("enable_kv_cache_events", "take_events", "EventStream", "events_match", "kv_events"):
+        assert word not in text, word
+
+
+SPLIT_STORES = '''\
+"""vLLM reporting each block of a BlockStored as an event of its own: the stream replays to the same cache."""
+
+import msgspec
+from vllm.distributed.kv_events import BlockStored
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+take_events = KVCacheManager.take_events
+
+
+def take_events_split(self):
+    events = []
+    for event in take_events(self):
+        if not isinstance(event, BlockStored):
+            events.append(event)
+            continue
+        parent, size, lookahead = event.parent_block_hash, event.block_size, event.lookahead_token_ids
+        for index, block_hash in enumerate(event.block_hashes):
+            tokens = event.token_ids[index * size : (index + 1) * size]
+            one = [lookahead[index]] if lookahead is not None else None
+            fields = {"parent_block_hash": parent, "token_ids": tokens, "lookahead_token_ids": one}
+            events.append(msgspec.structs.replace(event, block_hashes=[block_hash], **fields))
+            parent = block_hash
+    return events
+
+
+KVCacheManager.take_events = take_events_split
+'''
+
+
+def test_events_that_differ_from_the_model_fail_naming_events_match_model(tmp_path: Path) -> None:
+    """A vLLM whose BlockStored events are split per block keeps the replayed view right (events_match_cache
+    holds) but reports other events than the model predicts: the file fails naming events_match_model, the
+    step and the operation, with the model's events against vLLM's."""
+    name = "events_one_store_of_three_blocks"
+    text = event_trace(
+        {"num_blocks": 6, "block_size": 2, "groups": [{"kind": "full"}]},
+        add("r0", 1, 2, 3, 4, 5, 6, 7),
+        schedule("r0", 7),
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    file_name = f"test_{name}_vllm.py"
+    (tmp_path / file_name).write_text(export_trace(parse_trace(text, name), f"{name}.json"))
+    outcome = run_pytest(tmp_path, [file_name], {}, [])
+    assert outcome[file_name].passed, outcome[file_name].message
+    (tmp_path / "conftest.py").write_text(SPLIT_STORES)
+    failure = run_pytest(tmp_path, [file_name], {}, [])[file_name]
+    assert not failure.passed
+    assert (
+        "events_match_model violated at step 2 (schedule(r0, new=7, sampled=0)): the KV cache events" in failure.message
+    )
+    expected = (
+        "expected: [('stored', 0, [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6]], None, [1, 2, 3, 4, 5, 6], 2, None)]"
+    )
+    assert expected in failure.message, failure.message
+    assert (
+        "actual:   [('stored', 0, [[1, 2]], None, [1, 2], 2, None), ('stored', 0, [[1, 2, 3, 4]], [1, 2]"
+        in failure.message
+    )
+
+
+@pytest.mark.parametrize("trace", EVENT_FAULT_TRACES, ids=[trace.fault for trace in EVENT_FAULT_TRACES])
+def test_an_events_export_made_on_a_buggy_vllm_fails_as_kvcheck_found(
+    exported: Path, clean_run: dict[str, Outcome], planted_run: dict[str, Outcome], trace: FaultTrace
+) -> None:
+    """Exported while vLLM carries an event fault, the file records kvcheck's verdict (the trace's invariant),
+    passes once the bug is gone, and under the bug fails with the same invariant, step and operation."""
+    file_name = buggy_export_name(trace)
+    docstring = " ".join((ast.get_docstring(ast.parse((exported / file_name).read_text())) or "").split())
+    verdict = re.search(r"so the test fails at step \d+[^:]*: (\w+ violated at step \d+ \(.*?\)):", docstring)
+    assert verdict is not None, docstring
+    assert verdict[1].startswith(f"{trace.invariant} violated"), verdict[1]
+    assert clean_run[file_name].passed, clean_run[file_name].message
+    failure = planted_run[file_name]
+    assert not failure.passed
+    assert verdict[1] in failure.message, failure.message
+
+
 # -- the exported text --------------------------------------------------------------------
 
 
@@ -234,6 +444,12 @@ def test_the_same_trace_exports_to_the_same_text(path: Path) -> None:
     assert first == second
 
 
+def test_the_same_trace_with_events_exports_to_the_same_text() -> None:
+    """So with KV cache events (and async scheduling with deferred frees)."""
+    text = EVENT_TRACES["events_async_deferred_frees"]
+    assert export_trace(parse_trace(text), "events.json") == export_trace(parse_trace(text), "events.json")
+
+
 def test_the_docstring_names_the_trace_its_expectation_and_how_to_run_it() -> None:
     """The file says which trace it is, which invariant the trace expects under which fault, and how to run it."""
     text = export_trace(load_trace(S003), S003.name)
@@ -245,12 +461,23 @@ def test_the_docstring_names_the_trace_its_expectation_and_how_to_run_it() -> No
     assert str(REPO) not in text, "an absolute path of this machine"
 
 
-def test_every_assertion_names_an_invariant() -> None:
-    """Each ``step.expect`` the file makes names one of kvcheck's invariants."""
-    text = export_trace(load_trace(S003), S003.name)
+@pytest.mark.parametrize("events", [False, True], ids=["s003", "events"])
+def test_every_assertion_names_an_invariant(events: bool) -> None:
+    """Each ``step.expect`` and ``self.expect``/``self.fail`` the file makes names one of kvcheck's invariants."""
+    if events:
+        text = export_trace(parse_trace(EVENT_TRACES["events_two_groups_lookahead"]), "events.json")
+    else:
+        text = export_trace(load_trace(S003), S003.name)
     named = re.findall(r'step\.expect\(\s*"(\w+)"', text)
     assert named, text
     assert set(named) <= NAMED_FAILURES
+    in_helpers = set(re.findall(r'self\.(?:expect|fail)\(\s*"(\w+)"', text))
+    assert in_helpers <= NAMED_FAILURES
+    assert (
+        {"events_match_cache", "events_match_model"} <= in_helpers
+        if events
+        else not in_helpers & {"events_match_cache"}
+    )
 
 
 def test_the_exported_files_are_ruff_clean(exported: Path) -> None:
