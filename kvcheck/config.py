@@ -17,7 +17,13 @@ from kvcheck.limits import (
     shown,
 )
 
-GROUP_KINDS = ("full", "sliding_window", "chunked_local")
+GROUP_KINDS = ("full", "sliding_window", "chunked_local", "rswa", "ring", "cross_attention")
+WINDOW_KINDS = ("sliding_window", "chunked_local", "rswa")
+"""The kinds whose group has a ``window``: a sliding window, an attention chunk, an R-SWA window."""
+FULL_HIT_KINDS = ("full", "rswa")
+"""The kinds whose prefix hit is full attention's (every block from the first on)."""
+UNCACHED_KINDS = ("ring", "cross_attention")
+"""The kinds outside the prefix cache: a ring buffer's one scratch block, cross-attention's encoder blocks."""
 
 
 class ConfigError(ValueError):
@@ -39,8 +45,11 @@ def is_int(value: object) -> TypeGuard[int]:
 class GroupSpec:
     """One KV-cache group: its attention kind and, for local kinds, the reach in tokens.
 
-    ``window`` is the sliding window (``sliding_window``) or the attention
-    chunk (``chunked_local``) in tokens, and ``None`` for ``full``.
+    ``window`` is the sliding window (``sliding_window``), the attention
+    chunk (``chunked_local``) or the generated tokens an R-SWA group keeps
+    beside the prompt (``rswa``), in tokens; ``None`` for the other kinds:
+    ``full``, ``ring`` (a ring buffer: one scratch block per request) and
+    ``cross_attention`` (blocks for the encoder's tokens).
     """
 
     kind: str
@@ -50,14 +59,16 @@ class GroupSpec:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
             raise ConfigError(f"{where}.kind", f"must be one of {', '.join(GROUP_KINDS)}, got {shown(self.kind)}")
         field = f"{where}.window"
-        if self.kind == "full":
+        if self.kind not in WINDOW_KINDS:
             if self.window is not None:
-                raise ConfigError(field, f"a full-attention group has no window, got {shown(self.window)}")
+                raise ConfigError(field, f"a {self.kind} group has no window, got {shown(self.window)}")
             return
         if not isinstance(self.window, int) or isinstance(self.window, bool):
             raise ConfigError(field, f"must be an integer number of tokens, got {shown(self.window)}")
         if self.window > MAX_WINDOW_TOKENS:
             raise ConfigError(field, above(self.window, MAX_WINDOW_TOKENS, "tokens"))
+        if self.kind == "rswa" and self.window < 1:
+            raise ConfigError(field, f"an R-SWA window needs at least 1 token, got {self.window}")
         if self.kind == "sliding_window" and self.window < 2:
             raise ConfigError(field, f"a sliding window needs at least 2 tokens, got {self.window}")
         if self.kind == "chunked_local" and (self.window < 1 or self.window % block_size):
@@ -79,6 +90,16 @@ class GroupSpec:
             assert self.window is not None
             return (num_computed_tokens // self.window) * self.window
         return 0
+
+    def released_blocks(self, num_computed_tokens: int, num_prompt_tokens: int, block_size: int) -> range:
+        """The table positions no future token reads once ``num_computed_tokens`` are processed, of a
+        request with a ``num_prompt_tokens``-token prompt: the whole blocks before the first attended
+        token, or for R-SWA those between the prompt's last block and the window's first token."""
+        if self.kind == "rswa":
+            assert self.window is not None
+            window_start = max(num_prompt_tokens, num_computed_tokens - self.window)
+            return range(-(-num_prompt_tokens // block_size), window_start // block_size)
+        return range(self.first_attended_token(num_computed_tokens) // block_size)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind} if self.window is None else {"kind": self.kind, "window": self.window}
@@ -119,7 +140,13 @@ class TargetConfig:
 
     ``enable_kv_cache_events`` has the allocator queue a KV cache event
     (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) for every change
-    to its prefix cache; the target takes them after every step."""
+    to its prefix cache; the target takes them after every step.
+
+    ``num_encoder_tokens`` is the encoder's output length of an
+    encoder-decoder model (Whisper pads every input to one length): a
+    cross-attention group gets blocks for that many tokens when a request is
+    scheduled from waiting.  It is set exactly when a group is
+    ``cross_attention``, which needs prefix caching off."""
 
     num_blocks: int
     block_size: int
@@ -137,6 +164,7 @@ class TargetConfig:
     reserved_blocks: int = 0
     watermark: float = 0.0
     enable_kv_cache_events: bool = False
+    num_encoder_tokens: int = 0
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -222,9 +250,31 @@ class TargetConfig:
         for name in ("async_scheduling", "defer_block_free", "enable_kv_cache_events"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {shown(getattr(self, name))}")
+        has_cross = any(group.kind == "cross_attention" for group in self.groups)
+        encoder = self.num_encoder_tokens
+        if not is_int(encoder) or encoder < 0:
+            raise ConfigError("num_encoder_tokens", f"must be an integer >= 0, got {shown(encoder)}")
+        if encoder > MAX_SCHEDULE_TOKENS:
+            raise ConfigError("num_encoder_tokens", above(encoder, MAX_SCHEDULE_TOKENS, "tokens"))
+        if has_cross and encoder == 0:
+            raise ConfigError("num_encoder_tokens", "a cross_attention group needs the encoder's token count (>= 1)")
+        if encoder and not has_cross:
+            raise ConfigError("num_encoder_tokens", f"{encoder} without a cross_attention group to hold them")
         if self.defer_block_free and not self.async_scheduling:
             raise ConfigError("defer_block_free", "true needs async_scheduling true: only steps in flight defer a free")
         if self.enable_caching:
+            for index, group in enumerate(self.groups):
+                if group.kind == "cross_attention":
+                    raise ConfigError(
+                        "enable_caching",
+                        f"true with groups[{index}] cross_attention: its blocks have no prefix cache (vLLM 0.33.0 "
+                        "fails the first lookup)",
+                    )
+            if len(self.groups) > 1 and all(group.kind in UNCACHED_KINDS for group in self.groups):
+                raise ConfigError(
+                    "enable_caching",
+                    "true with no group in the prefix cache: a hybrid cache needs one (vLLM 0.33.0 asserts on it)",
+                )
             for index in sorted(self.drop_group_ids):
                 if self.groups[index].kind == "chunked_local":
                     raise ConfigError(
@@ -264,6 +314,8 @@ class TargetConfig:
             steps += f", watermark {self.watermark}"
         if self.enable_kv_cache_events:
             steps += ", KV cache events"
+        if self.num_encoder_tokens:
+            steps += f", {self.num_encoder_tokens} encoder tokens"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -300,4 +352,6 @@ class TargetConfig:
             document["defer_block_free"] = True
         if self.enable_kv_cache_events:
             document["enable_kv_cache_events"] = True
+        if self.num_encoder_tokens:
+            document["num_encoder_tokens"] = self.num_encoder_tokens
         return document

@@ -4,10 +4,15 @@ Small pools (4..32 blocks of 1..4 tokens) shared by 1..4 groups of mixed
 kinds.  One-token blocks are common: every computed block is then full and
 cached, so the free queue fills with cached blocks, where reuse-order bugs
 show.  Half the multi-group configurations are laid out like shipped hybrid
-models (Gemma 3, Llama 4): full attention first, then local layers whose
-short windows drop blocks early (in half of those, several local groups of
-one spec, as vLLM splits Gemma 3's sliding-window layers), so a prefix hit leaves some of each local
-group's blocks in the free queue.  Some pools split evenly among the
+models: full attention first, then local layers whose short windows drop
+blocks early (Gemma 3, Llama 4; in half of those, several local groups of
+one spec, as vLLM splits Gemma 3's sliding-window layers), so a prefix hit
+leaves some of each local group's blocks in the free queue; or R-SWA
+layers (a multimodal model keeping its prompt and a window); or a ring
+buffer beside full attention (a compressed-attention model); or, with
+prefix caching off, decoder self-attention and cross-attention (Whisper,
+with its fixed encoder length).  The other configurations mix every kind
+but cross-attention freely.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
 allocate from.  Half the configurations with caching on serve an EAGLE
@@ -27,13 +32,20 @@ from kvcheck.config import GroupSpec, TargetConfig
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
-    kind = rng.choice(["full", "sliding_window", "chunked_local"])
+    kind = rng.choice(["full", "sliding_window", "chunked_local", "rswa", "ring"])
     if kind == "sliding_window":
         # Short windows slide within a short run; long ones keep hits intact.
         return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
     if kind == "chunked_local":
         return GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16])))
+    if kind == "rswa":
+        return _rswa_group(rng, block_size)
     return GroupSpec(kind)
+
+
+def _rswa_group(rng: random.Random, block_size: int) -> GroupSpec:
+    """An R-SWA group whose window of generated tokens is a few blocks at most, so the gap opens in a short run."""
+    return GroupSpec("rswa", rng.randint(1, block_size))
 
 
 def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
@@ -56,13 +68,26 @@ def random_config(
     drafter, lookahead or async scheduling), to measure what those features cost."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
+    encoder_decoder = False
     if count > 1 and rng.random() < 0.5:
-        if rng.random() < 0.5:
+        layout = rng.random()
+        if layout < 0.25:
             # Gemma 3 style: vLLM splits the many local layers into several
             # groups of one spec, looked up together.
             groups = (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1))
-        else:
+        elif layout < 0.5:
             groups = (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1)))
+        elif layout < 0.7:
+            # A multimodal model with R-SWA layers beside full attention.
+            groups = (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1))
+        elif layout < 0.85 or caching:
+            # A compressed-attention model: full attention, the compressor's
+            # ring buffer, and possibly local layers.
+            groups = (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2)))
+        else:
+            # Encoder-decoder (Whisper): decoder self-attention and cross-attention, without prefix caching.
+            groups = (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention"))
+            encoder_decoder = True
     else:
         groups = tuple(_any_group(rng, block_size) for _ in range(count))
     even_split = 1 + count * rng.randint(max(1, 3 // count), max(1, 31 // count))
@@ -70,6 +95,12 @@ def random_config(
     # windows dropped blocks; tiny pools keep exhaustion frequent.
     num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
     enable_caching = rng.random() < 0.5 if caching is None else caching
+    if encoder_decoder:
+        enable_caching = False
+    elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
+        # vLLM needs a group in the prefix cache when it is on.
+        groups = (GroupSpec("full"), *groups[1:])
+    num_encoder_tokens = rng.randint(1, 3 * block_size) if encoder_decoder else 0
     # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
@@ -120,6 +151,8 @@ def random_config(
             admission = {"reserved_blocks": rng.randint(1, 3)}
         else:
             admission = {"watermark": rng.choice([0.1, 0.25])}
+    if num_encoder_tokens:
+        admission["num_encoder_tokens"] = num_encoder_tokens
     if not drafter_and_async:
         return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
     # The KV cache event stream in half the runs.

@@ -47,12 +47,11 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import TargetConfig
+from kvcheck.config import UNCACHED_KINDS, TargetConfig
 from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
 from kvcheck.models.manager_model import ManagerModel
 from kvcheck.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, StepResult, describe_op
-from kvcheck.pipeline import read_positions
 from kvcheck.targets.vllm_target import (
     HASH_ALGORITHM,
     LAYER_LAYOUT,
@@ -332,6 +331,9 @@ FIXED_NAMES = frozenset(
         "FullAttentionSpec",
         "SlidingWindowSpec",
         "ChunkedLocalAttentionSpec",
+        "RSWASpec",
+        "CircularBufferSpec",
+        "CrossAttentionSpec",
         "Request",
         "RequestStatus",
         "EXPORTED_AGAINST_VLLM",
@@ -339,6 +341,9 @@ FIXED_NAMES = frozenset(
         "NUM_BLOCKS",
         "NUM_HASH_LOOKAHEAD_TOKENS",
         "MAX_MODEL_LEN",
+        "SLOT_SIZED_GROUPS",
+        "GROUP_KINDS",
+        "ENCODER_BLOCKS",
         "REUSE_ORDER_INVARIANT",
         *dir(builtins),
         *keyword.kwlist,
@@ -553,14 +558,15 @@ class RecordingTarget(VllmTarget):
         self.emit("step.reset = manager.reset_prefix_cache()")
         return super()._reset_prefix_cache()
 
-    def _reads(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> Any:
-        reads = super()._reads(request_id, num_computed_tokens, num_new_tokens)
+    def _reads(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> Any:
+        reads = super()._reads(request, num_computed_tokens, num_new_tokens)
         if not self.config.async_scheduling:
             return reads
         variable = f"reads_{self.step}"
-        positions = read_positions(self.config.groups, self.config.block_size, num_computed_tokens, num_new_tokens)
+        positions = self._read_positions(request, num_computed_tokens, num_new_tokens)
         self.emit(
-            f"{variable} = ", call("read_blocks", Atom("manager"), value_node(request_id), value_node(list(positions)))
+            f"{variable} = ",
+            call("read_blocks", Atom("manager"), value_node(request.request_id), value_node(list(positions))),
         )
         self.register(reads, variable)
         return reads
@@ -694,6 +700,8 @@ def _check_call(
         pending = [popped for _, popped in recorder.pipeline.deferred]
         kwargs["pending_frees"] = value_node(pending, recorder.names)
         kwargs["deferred_frees"] = value_node(nested_lists(model.deferred_frees))
+    if any(group.kind == "rswa" for group in config.groups):
+        kwargs["prompt_lengths"] = value_node({rid: model.prompt_lengths[rid] for rid in sorted(model.tables)})
     if config.async_scheduling:
         held = list(recorder.pipeline.held_reads())
         for _, reads in held:
@@ -867,6 +875,9 @@ def _imports(config: TargetConfig, uses: set[str]) -> str:
         "full": "FullAttentionSpec",
         "sliding_window": "SlidingWindowSpec",
         "chunked_local": "ChunkedLocalAttentionSpec",
+        "rswa": "RSWASpec",
+        "ring": "CircularBufferSpec",
+        "cross_attention": "CrossAttentionSpec",
     }
     interface = sorted({specs[group.kind] for group in config.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
     request_names = ["Request"] + (["RequestStatus"] if "RequestStatus" in uses else [])
@@ -914,6 +925,11 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"NUM_BLOCKS = {config.num_blocks}",
             f"NUM_HASH_LOOKAHEAD_TOKENS = {config.num_hash_lookahead_tokens}",
             f"MAX_MODEL_LEN = {MAX_MODEL_LEN}",
+            f"GROUP_KINDS = [{', '.join(_quote(group.kind) for group in config.groups)}]",
+            f"ENCODER_BLOCKS = {-(-config.num_encoder_tokens // config.block_size)}",
+            '"""Blocks a cross-attention group holds for the encoder\'s tokens."""',
+            f"SLOT_SIZED_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind not in UNCACHED_KINDS]}",
+            '"""Groups whose tables hold a block per BLOCK_SIZE positions (not ring buffers, not cross-attention)."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
@@ -930,6 +946,12 @@ def _make_manager(config: TargetConfig) -> str:
             spec = call("FullAttentionSpec", Atom("**layout"))
         elif group.kind == "sliding_window":
             spec = call("SlidingWindowSpec", Atom("**layout"), sliding_window=value_node(group.window))
+        elif group.kind == "rswa":
+            spec = call("RSWASpec", Atom("**layout"), rswa_window=value_node(group.window))
+        elif group.kind == "ring":
+            spec = call("CircularBufferSpec", Atom("**layout"))
+        elif group.kind == "cross_attention":
+            spec = call("CrossAttentionSpec", Atom("**layout"))
         else:
             spec = call("ChunkedLocalAttentionSpec", Atom("**layout"), attention_chunk_size=value_node(group.window))
         # kvcheck's make_manager passes the window first; keyword order does not matter to vLLM.
@@ -1049,7 +1071,7 @@ def cached_blocks(entries: set[tuple[bytes, int]]) -> list[tuple[int, int]]:
     return sorted((get_group_id(key), block_id) for key, block_id in entries)
 
 
-def read_blocks(manager: KVCacheManager, request_id: str, positions: Sequence[range]) -> list[list[int]]:
+def read_blocks(manager: KVCacheManager, request_id: str, positions: Sequence[Sequence[int]]) -> list[list[int]]:
     """The block ids at the positions a step reads and writes, per group (0 where the table has none yet)."""
     table = block_ids(manager.coordinator.get_blocks(request_id))
     return [[blocks[p] if p < len(blocks) else 0 for p in span] for blocks, span in zip(table, positions, strict=True)]
@@ -1116,6 +1138,7 @@ class Step:
         reset_done: bool | None = None,
         pending_frees: Sequence[list[KVCacheBlock]] = (),
         deferred_frees: Sequence[list[int]] = (),
+        prompt_lengths: dict[str, int] | None = None,
         in_flight: Sequence[tuple[str, list[list[int]]]] = (),
     ) -> None:
         """Check vLLM after the step, in the order kvcheck checks its invariants (so the first failure names
@@ -1125,7 +1148,8 @@ class Step:
         it asked for, the reset's result, each request's table per group, the free queue head to tail,
         the nonzero ref counts, the cached (group, block id) pairs and the block ids each deferred free
         holds.  ``pending_frees`` are the block lists the scheduler popped for a deferred free and has not
-        freed yet; ``in_flight`` the block ids each step still in flight reads and writes, per group.
+        freed yet; ``prompt_lengths`` each request's prompt length (with R-SWA groups); ``in_flight`` the
+        block ids each step still in flight reads and writes, per group.
         """
         pool = manager.block_pool
         actual_tables = block_tables(manager)
@@ -1137,12 +1161,13 @@ class Step:
         if isinstance(self.allocated, KVCacheBlocks):
             for request_id, num_slots in (slots or {}).items():
                 for group, blocks in enumerate(block_ids(manager.coordinator.get_blocks(request_id))):
-                    if len(blocks) * BLOCK_SIZE < num_slots:
+                    if group in SLOT_SIZED_GROUPS and len(blocks) * BLOCK_SIZE < num_slots:
                         self.fail(
                             "scheduled_slots_have_blocks",
                             f"request {request_id} group {group} has {len(blocks)} blocks of {BLOCK_SIZE} tokens "
                             f"for {num_slots} scheduled positions",
                         )
+        self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
         actual_admitted = None if self.allocated is UNSET else self.allocated is not None
         self.expect("admission_matches_model", "admitted differs", admitted, actual_admitted)
@@ -1226,6 +1251,46 @@ class Step:
             stale, missing = cached_blocks(entries - hashed), cached_blocks(hashed - entries)
             detail = f"map entries without a matching block hash: {stale}; hashed blocks not in the map: {missing}"
             self.fail("cache_map_consistent", detail)
+
+    def _check_group_kinds(
+        self, pool: BlockPool, tables: dict[str, list[list[int]]], prompt_lengths: dict[str, int] | None
+    ) -> None:
+        """What ring-buffer, cross-attention and R-SWA groups keep, needing no model: a ring holds one block
+        and cross-attention the encoder's blocks (none null or cached); R-SWA keeps every prompt block and
+        frees one run of blocks after them."""
+        sized = (
+            ("ring_holds_one_block", "ring", 1),
+            ("cross_attention_holds_encoder_blocks", "cross_attention", ENCODER_BLOCKS),
+        )
+        for invariant, kind, size in sized:
+            for request_id, table in sorted(tables.items()):
+                for group, blocks in enumerate(table):
+                    if GROUP_KINDS[group] != kind:
+                        continue
+                    if len(blocks) != size or 0 in blocks:
+                        detail = (
+                            f"request {request_id} group {group} ({kind}) must hold {size} blocks, none null, "
+                            "while it holds any"
+                        )
+                        self.fail(invariant, detail, size, blocks)
+                    cached = [b for b in blocks if pool.blocks[b].block_hash is not None]
+                    if cached:
+                        detail = f"request {request_id} group {group} ({kind}) has blocks in the prefix cache: {cached}"
+                        self.fail(invariant, detail)
+        for request_id, table in sorted(tables.items()):
+            for group, blocks in enumerate(table):
+                if GROUP_KINDS[group] != "rswa" or prompt_lengths is None:
+                    continue
+                prompt_blocks = -(-prompt_lengths[request_id] // BLOCK_SIZE)
+                nulls = [position for position, b in enumerate(blocks) if not b]
+                if any(position < prompt_blocks for position in nulls):
+                    detail = (
+                        f"request {request_id} group {group} (R-SWA) freed a block of its {prompt_blocks}-block prompt"
+                    )
+                    self.fail("rswa_keeps_the_prompt", detail, f"blocks at positions 0..{prompt_blocks - 1}", blocks)
+                if nulls and nulls != list(range(nulls[0], nulls[-1] + 1)):
+                    detail = f"request {request_id} group {group} (R-SWA) has null blocks in more than one run"
+                    self.fail("rswa_keeps_the_prompt", detail, None, blocks)
 
     def _check_in_flight(
         self,
@@ -1420,7 +1485,7 @@ EVENT_EDITS = (
         "        in_flight: Sequence[tuple[str, list[list[int]]]] = (),\n", "        events: Sequence[Event] = (),\n"
     ),
     _after(
-        "freed yet; ``in_flight`` the block ids each step still in flight reads and writes, per group.\n",
+        "        block ids each step still in flight reads and writes, per group.\n",
         "        ``stream`` holds vLLM's KV cache events up to this step, ``self.events`` the step's; ``events`` are\n"
         "        the step's events the model predicts.\n",
     ),

@@ -12,6 +12,7 @@ comment that names the bug.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -23,7 +24,13 @@ from kvcore.blocks_math import ceil_div
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
 from kvcore.events import AllBlocksCleared
 from kvcore.hashing import BlockHash
-from kvcore.managers import ChunkedLocalAttentionManager, FullAttentionManager, SlidingWindowManager
+from kvcore.managers import (
+    ChunkedLocalAttentionManager,
+    CircularBufferManager,
+    FullAttentionManager,
+    RSWAManager,
+    SlidingWindowManager,
+)
 from kvcore.managers.base import HitBlocks, drop_last_block
 
 # -- seed faults -------------------------------------------------------------
@@ -335,9 +342,12 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         new_computed_blocks: HitBlocks,
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_encoder_tokens: int = 0,
     ) -> int:
         if apply_admission_cap:  # the whole-request gate counts before anything is taken
-            return count_blocks(request_id, num_tokens, new_computed_blocks, total_computed_tokens, True)
+            return count_blocks(
+                request_id, num_tokens, new_computed_blocks, total_computed_tokens, True, num_encoder_tokens
+            )
         hit_taken.discard(request_id)
         is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
         if is_new and any(new_computed_blocks):
@@ -350,7 +360,9 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
                     request_id, hit, num_local_tokens, total_computed_tokens - num_local_tokens
                 )
             hit_taken.add(request_id)
-        return count_blocks(request_id, num_tokens, new_computed_blocks, total_computed_tokens)
+        return count_blocks(
+            request_id, num_tokens, new_computed_blocks, total_computed_tokens, num_encoder_tokens=num_encoder_tokens
+        )
 
     def allocate_new_computed_blocks(
         request_id: str,
@@ -394,13 +406,20 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
         **admission_gates: Any,
     ) -> Any:
         def blocks_for_computed_tokens(
-            request_id: str, num_tokens: int, hit: Any, total_computed: int, apply_admission_cap: bool = False
+            request_id: str,
+            num_tokens: int,
+            hit: Any,
+            total_computed: int,
+            apply_admission_cap: bool = False,
+            num_encoder_tokens: int = 0,
         ) -> int:
             if apply_admission_cap:  # the whole-request gate is sized as before
-                return count_blocks(request_id, num_tokens, hit, total_computed, apply_admission_cap)
+                return count_blocks(request_id, num_tokens, hit, total_computed, True, num_encoder_tokens)
             # The bug: admission is sized for the tokens the step computes; the
             # drafter's lookahead slots are left out, though they are allocated.
-            return count_blocks(request_id, num_tokens - num_lookahead_tokens, hit, total_computed)
+            return count_blocks(
+                request_id, num_tokens - num_lookahead_tokens, hit, total_computed, False, num_encoder_tokens
+            )
 
         coordinator.num_blocks_to_allocate = blocks_for_computed_tokens  # type: ignore[method-assign]
         try:
@@ -565,3 +584,67 @@ def plant_reset_unreported(manager: kvcore.KVCacheManager) -> None:
         return True
 
     pool.reset_prefix_cache = reset_prefix_cache  # type: ignore[method-assign]
+
+
+# -- group kinds -----------------------------------------------------------------
+
+
+def rswa_gap_from_the_prompts_last_block(
+    num_computed_tokens: int, num_prompt_tokens: int, rswa_window: int, block_size: int
+) -> tuple[int, int]:
+    """The R-SWA gap ``[first, end)`` in blocks, its first block rounded down: the bug of
+    ``rswa-gap-starts-inside-the-prompt``, shared by the kvcore and vLLM plants."""
+    window_start = max(num_prompt_tokens, num_computed_tokens - rswa_window)
+    # The bug: the gap starts at the block holding the prompt's last token
+    # (rounded down, not up): a prompt that ends inside a block loses that
+    # block, whose prompt tokens every later token still attends to.
+    return num_prompt_tokens // block_size, window_start // block_size
+
+
+def plant_rswa_gap_starts_inside_the_prompt(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, RSWAManager):
+
+            def released_block_range(
+                num_computed_tokens: int, num_prompt_tokens: int, group_manager: RSWAManager = group_manager
+            ) -> tuple[int, int]:
+                spec = group_manager.spec
+                return rswa_gap_from_the_prompts_last_block(
+                    num_computed_tokens, num_prompt_tokens, spec.rswa_window, spec.block_size
+                )
+
+            group_manager.released_block_range = released_block_range  # type: ignore[method-assign]
+
+
+def plant_ring_grows_like_full_attention(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, CircularBufferManager):
+            # The bug: the ring's manager takes full attention's growth (a
+            # block per block_size tokens) while still counting one block for
+            # admission: the ring holds a block per block of tokens, admitted
+            # against a count that says one.
+            group_manager.allocate_new_blocks = types.MethodType(  # type: ignore[method-assign]
+                FullAttentionManager.allocate_new_blocks, group_manager
+            )
+
+
+def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    count_blocks = coordinator.num_blocks_to_allocate
+
+    def num_blocks_to_allocate(
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: HitBlocks,
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+        num_encoder_tokens: int = 0,
+    ) -> int:
+        # The bug: cross-attention's blocks are counted like every other
+        # group's, for the decoder's tokens, while they are allocated for the
+        # encoder's: admission refuses steps that fit, or admits ones that don't.
+        return count_blocks(
+            request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap, num_tokens
+        )
+
+    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

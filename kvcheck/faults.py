@@ -166,6 +166,23 @@ FAULTS: dict[str, Fault] = {
             "reset_prefix_cache empties the prefix cache but queues no AllBlocksCleared",
             plants.plant_reset_unreported,
         ),
+        Fault(
+            "rswa-gap-starts-inside-the-prompt",
+            "R-SWA's gap starts at the block holding the prompt's last token (rounded down): a prompt ending "
+            "inside a block loses that block",
+            plants.plant_rswa_gap_starts_inside_the_prompt,
+        ),
+        Fault(
+            "ring-grows-like-full-attention",
+            "the ring buffer's manager grows like full attention (a block per block of tokens) while admission "
+            "counts one block",
+            plants.plant_ring_grows_like_full_attention,
+        ),
+        Fault(
+            "cross-attention-counted-by-decoder-tokens",
+            "admission counts cross-attention's blocks for the decoder's tokens, not the encoder's",
+            plants.plant_cross_attention_counted_by_decoder_tokens,
+        ),
     )
 }
 

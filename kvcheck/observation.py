@@ -61,7 +61,8 @@ class Observation:
     each step in flight reads and writes, per group, for the steps whose
     blocks must still be held.  ``events`` is the KV cache event stream
     taken after every step since the target was built (empty unless the
-    configuration enables events).
+    configuration enables events).  ``prompt_lengths`` maps each request the
+    target knows to its prompt's length in tokens.
     """
 
     free_order: tuple[int, ...]
@@ -74,3 +75,4 @@ class Observation:
     deferred_frees: tuple[tuple[int, ...], ...] = ()
     in_flight_reads: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
     events: tuple[CacheEvent, ...] = ()
+    prompt_lengths: Mapping[str, int] = attrs.field(factory=dict)

@@ -32,7 +32,7 @@ import attrs
 
 from kvcheck.config import GroupSpec
 
-GroupPositions = tuple[range, ...]
+GroupPositions = tuple[tuple[int, ...], ...]
 
 MAX_STEPS_IN_FLIGHT = 2
 """vLLM runs two batches at once under async scheduling without pipeline parallelism: a third step
@@ -40,12 +40,29 @@ is scheduled only once the oldest output is processed."""
 
 
 def read_positions(
-    groups: tuple[GroupSpec, ...], block_size: int, num_computed_tokens: int, num_new_tokens: int
+    groups: tuple[GroupSpec, ...],
+    block_size: int,
+    num_computed_tokens: int,
+    num_new_tokens: int,
+    num_prompt_tokens: int,
+    num_encoder_tokens: int = 0,
 ) -> GroupPositions:
     """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
-    ``num_computed_tokens`` reads or writes."""
+    ``num_computed_tokens`` reads or writes (of a request with a ``num_prompt_tokens``-token prompt):
+    the attended blocks up to the last new token; an R-SWA group's prompt and window; a ring
+    buffer's block; cross-attention's blocks for the encoder's tokens."""
     end = -(-(num_computed_tokens + num_new_tokens) // block_size)
-    return tuple(range(g.first_attended_token(num_computed_tokens) // block_size, end) for g in groups)
+    positions = []
+    for group in groups:
+        if group.kind == "ring":
+            positions.append((0,))
+        elif group.kind == "cross_attention":
+            positions.append(tuple(range(-(-num_encoder_tokens // block_size))))
+        else:
+            gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
+            start = 0 if group.kind == "rswa" else gap.stop
+            positions.append(tuple(p for p in range(start, end) if p not in gap))
+    return tuple(positions)
 
 
 @attrs.define(eq=False)

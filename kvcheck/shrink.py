@@ -119,21 +119,25 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
             drafters = tuple(g - (g > index) for g in config.eagle_group_ids if g != index)
             if drafters or not config.eagle_group_ids:
                 groups = config.groups[:index] + config.groups[index + 1 :]
-                yield attrs.evolve(config, groups=groups, eagle_group_ids=drafters)
+                encoder = config.num_encoder_tokens if any(g.kind == "cross_attention" for g in groups) else 0
+                yield attrs.evolve(config, groups=groups, eagle_group_ids=drafters, num_encoder_tokens=encoder)
     for smaller in (4, config.num_blocks // 2, config.num_blocks - 1):
         if 2 <= smaller < config.num_blocks:
             yield attrs.evolve(config, num_blocks=smaller)
+    if config.num_encoder_tokens > 1:
+        yield attrs.evolve(config, num_encoder_tokens=1)
+        yield attrs.evolve(config, num_encoder_tokens=config.num_encoder_tokens - 1)
     for index, group in enumerate(config.groups):
         if group.window is not None:
             step = config.block_size if group.kind == "chunked_local" else 1
-            floor = config.block_size if group.kind == "chunked_local" else 2
+            floor = {"chunked_local": config.block_size, "rswa": 1}.get(group.kind, 2)
             for window in (floor, group.window - step):
                 if floor <= window < group.window:
                     smaller_group = attrs.evolve(group, window=window)
                     yield attrs.evolve(
                         config, groups=(*config.groups[:index], smaller_group, *config.groups[index + 1 :])
                     )
-        if group.kind != "full":
+        if group.kind not in ("full", "cross_attention"):
             full = attrs.evolve(group, kind="full", window=None)
             yield attrs.evolve(config, groups=(*config.groups[:index], full, *config.groups[index + 1 :]))
 

@@ -189,6 +189,7 @@ class _Reader:
             "reserved_blocks",
             "watermark",
             "enable_kv_cache_events",
+            "num_encoder_tokens",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -226,6 +227,7 @@ class _Reader:
             raw.get("reserved_blocks", 0),
             raw.get("watermark", 0.0),
             raw.get("enable_kv_cache_events", False),
+            raw.get("num_encoder_tokens", 0),
         )
         try:
             return config.validate()

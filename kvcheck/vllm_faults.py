@@ -6,6 +6,7 @@ fault patches attributes of the manager object a target just built.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from kvcheck.config import TargetConfig
@@ -14,6 +15,7 @@ from kvcheck.fault_plants import (
     load_cached_before_it_lands,
     popped_in_eviction_order,
     release_with_and_condition,
+    rswa_gap_from_the_prompts_last_block,
     take_hits_and_external_interleaved,
     window_slides_on_scheduled_tokens,
 )
@@ -241,6 +243,49 @@ def _reset_unreported(manager: Any) -> None:
         pool.reset_prefix_cache = reset_prefix_cache
 
 
+def _rswa_gap_starts_inside_the_prompt(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import RSWAManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, RSWAManager):
+
+            def remove_skipped_blocks(
+                request_id: str,
+                processed_computed_tokens: int,
+                num_prompt_tokens: int | None = None,
+                group_manager: Any = group_manager,
+            ) -> None:
+                if num_prompt_tokens is None:
+                    return
+                first, end = rswa_gap_from_the_prompts_last_block(
+                    processed_computed_tokens, num_prompt_tokens, group_manager.rswa_window, group_manager.block_size
+                )
+                group_manager._remove_blocks_in_range(request_id, first, end)
+
+            group_manager.remove_skipped_blocks = remove_skipped_blocks
+
+
+def _ring_grows_like_full_attention(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import CircularBufferManager, FullAttentionManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, CircularBufferManager):
+            group_manager.allocate_new_blocks = types.MethodType(
+                FullAttentionManager.allocate_new_blocks, group_manager
+            )
+
+
+def _cross_attention_counted_by_decoder_tokens(manager: Any) -> None:
+    coordinator = manager.coordinator
+    count_blocks = coordinator.get_num_blocks_to_allocate
+
+    def blocks_for_decoder_tokens(**kwargs: Any) -> int:
+        # The bug: cross-attention's blocks are counted for the decoder's tokens.
+        return count_blocks(**{**kwargs, "num_encoder_tokens": kwargs["num_tokens"]})
+
+    coordinator.get_num_blocks_to_allocate = blocks_for_decoder_tokens
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -310,6 +355,21 @@ VLLM_FAULTS: dict[str, Fault] = {
             "reset-unreported",
             "vLLM reset_prefix_cache emptying the prefix cache without queuing AllBlocksCleared",
             _reset_unreported,
+        ),
+        Fault(
+            "rswa-gap-starts-inside-the-prompt",
+            "vLLM RSWAManager starting the gap at the block holding the prompt's last token (rounded down)",
+            _rswa_gap_starts_inside_the_prompt,
+        ),
+        Fault(
+            "ring-grows-like-full-attention",
+            "vLLM CircularBufferManager allocating like full attention while counting one block",
+            _ring_grows_like_full_attention,
+        ),
+        Fault(
+            "cross-attention-counted-by-decoder-tokens",
+            "vLLM's coordinator counting cross-attention's blocks for the decoder's tokens",
+            _cross_attention_counted_by_decoder_tokens,
         ),
     )
 }

@@ -5,8 +5,11 @@ from kvcore.block_pool import BlockPool
 from kvcore.config import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    RSWASpec,
     SlidingWindowSpec,
 )
 from kvcore.errors import (
@@ -32,6 +35,8 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
+    "CrossAttentionSpec",
     "FreeBlockQueue",
     "FullAttentionSpec",
     "InvalidArgument",
@@ -42,6 +47,7 @@ __all__ = [
     "KVCacheManager",
     "KVCoreError",
     "OutOfBlocks",
+    "RSWASpec",
     "RefCountUnderflow",
     "Request",
     "RequestTooLong",

@@ -50,14 +50,83 @@ class ChunkedLocalAttentionSpec:
     kind = "chunked_local"
 
 
-AttentionSpec = FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec
+@attrs.frozen
+class RSWASpec:
+    """Reference sliding-window attention (R-SWA): the prompt stays visible to every token, and of
+    the generated tokens only the last ``rswa_window``.
+
+    Blocks wholly between the prompt's last block and the window are freed
+    and replaced by the null block; a prefix hit is a full-attention hit.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+    rswa_window: int = attrs.field(validator=_positive_int)
+
+    kind = "rswa"
+
+
+@attrs.frozen
+class CircularBufferSpec:
+    """A ring buffer: one block per request for its whole life, whatever its length.
+
+    The block is scratch space (the keys of a group of tokens still being
+    compressed): never cached, never part of a prefix hit.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+
+    kind = "ring"
+
+
+@attrs.frozen
+class CrossAttentionSpec:
+    """Cross-attention of an encoder-decoder model: blocks for the encoder's tokens.
+
+    A request gets them in one allocation, when it is scheduled from waiting
+    (``num_encoder_tokens`` of :meth:`~kvcore.KVCacheManager.allocate_slots`),
+    and keeps them until freed; they are never cached.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+
+    kind = "cross_attention"
+
+
+AttentionSpec = (
+    FullAttentionSpec
+    | SlidingWindowSpec
+    | ChunkedLocalAttentionSpec
+    | RSWASpec
+    | CircularBufferSpec
+    | CrossAttentionSpec
+)
+ATTENTION_SPECS = (
+    FullAttentionSpec,
+    SlidingWindowSpec,
+    ChunkedLocalAttentionSpec,
+    RSWASpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+)
+
+
+def is_full_attention(spec: AttentionSpec) -> bool:
+    """Whether hits of ``spec`` are full-attention hits (every block from the first on): full attention
+    and R-SWA, whose gap is freed only after the prompt."""
+    return isinstance(spec, FullAttentionSpec | RSWASpec)
+
+
+def is_prefix_cacheable(spec: AttentionSpec) -> bool:
+    """Whether ``spec``'s group takes part in the prefix cache: not a ring buffer's scratch block, nor
+    cross-attention's per-request encoder blocks."""
+    return not isinstance(spec, CircularBufferSpec | CrossAttentionSpec)
 
 
 def _groups(instance: object, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
     if len(value) < 1:
         raise InvalidConfig("groups", value, "at least one KV-cache group is needed")
     for index, spec in enumerate(value):
-        if not isinstance(spec, FullAttentionSpec | SlidingWindowSpec | ChunkedLocalAttentionSpec):
+        if not isinstance(spec, ATTENTION_SPECS):
             raise InvalidConfig(f"groups[{index}]", spec, "must be an attention spec")
     block_sizes = {spec.block_size for spec in value}
     if len(block_sizes) != 1:
@@ -102,6 +171,9 @@ class KVCacheConfig:
     ``full_sequence_must_fit`` admission gate.  ``enable_kv_cache_events``
     queues a KV cache event (:mod:`kvcore.events`) for every change to the
     prefix cache, for :meth:`~kvcore.KVCacheManager.take_events`.
+
+    Cross-attention groups have no prefix cache, so they need caching off;
+    with caching on, a hybrid cache needs a group that is not a ring buffer.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
@@ -138,6 +210,18 @@ class KVCacheConfig:
                     raise InvalidConfig(
                         "use_eagle", True, f"groups[{index}] is chunked local attention, whose hits cannot drop a block"
                     )
+            for index, spec in enumerate(self.groups):
+                if isinstance(spec, CrossAttentionSpec):
+                    raise InvalidConfig(
+                        "enable_caching",
+                        True,
+                        f"groups[{index}] is cross-attention, which has no prefix cache (vLLM 0.33.0 fails its "
+                        "first lookup)",
+                    )
+            if len(self.groups) > 1 and not any(is_prefix_cacheable(spec) for spec in self.groups):
+                raise InvalidConfig(
+                    "groups", self.groups, "with prefix caching, a hybrid cache needs a group that takes part in it"
+                )
             if self.drafter_group_ids and self.block_size < lookahead:
                 raise InvalidConfig(
                     "num_prefill_lookahead",

@@ -9,9 +9,9 @@ import attrs
 from kvcore.block import KVBlock
 from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
-from kvcore.config import AttentionSpec, FullAttentionSpec, KVCacheConfig
+from kvcore.config import AttentionSpec, KVCacheConfig, is_full_attention, is_prefix_cacheable
 from kvcore.hashing import BlockHash
-from kvcore.managers import SingleTypeManager, manager_class_for
+from kvcore.managers import CrossAttentionManager, SingleTypeManager, manager_class_for
 from kvcore.managers.base import HitBlocks
 from kvcore.request import Request
 
@@ -44,10 +44,14 @@ class KVCacheCoordinator:
         new_computed_blocks: HitBlocks,
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_encoder_tokens: int = 0,
     ) -> int:
-        """Free blocks all groups together consume to give the request ``num_tokens`` slots."""
+        """Free blocks all groups together consume to give the request ``num_tokens`` slots (and a
+        cross-attention group ``num_encoder_tokens`` slots)."""
         return sum(
-            manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens, apply_admission_cap)
+            manager.num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, apply_admission_cap)
+            if isinstance(manager, CrossAttentionManager)
+            else manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens, apply_admission_cap)
             for manager, hit in zip(self.managers, new_computed_blocks)
         )
 
@@ -76,8 +80,16 @@ class KVCacheCoordinator:
                     request_id, num_local_computed_tokens, num_external_computed_tokens
                 )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVBlock], ...]:
-        return tuple(manager.allocate_new_blocks(request_id, num_tokens) for manager in self.managers)
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
+    ) -> tuple[list[KVBlock], ...]:
+        """Grow every table to ``num_tokens`` slots; a cross-attention group's to ``num_encoder_tokens``."""
+        return tuple(
+            manager.allocate_new_blocks(
+                request_id, num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
+            )
+            for manager in self.managers
+        )
 
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
         """How many of the first ``num_tokens`` computed tokens group ``group_id`` may cache: all but
@@ -89,9 +101,9 @@ class KVCacheCoordinator:
             if manager.enable_caching:
                 manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, group_id))
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         for manager in self.managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+            manager.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
 
     def free(self, request_id: str) -> None:
         """Free the request in every group, group 0 first, each table tail first."""
@@ -149,6 +161,9 @@ class HybridCoordinator(KVCacheCoordinator):
         spec_groups: list[_SpecGroup] = []
         drop_group_ids = config.drop_group_ids
         for group_id, manager in enumerate(self.managers):
+            if not is_prefix_cacheable(manager.spec):
+                # A ring buffer's scratch block is never shared: its slot of a hit stays empty.
+                continue
             drops = group_id in drop_group_ids
             for index, spec_group in enumerate(spec_groups):
                 if spec_group.spec == manager.spec:
@@ -160,7 +175,7 @@ class HybridCoordinator(KVCacheCoordinator):
                 spec_groups.append(_SpecGroup(manager.spec, [group_id], type(manager), drops))
         # Full attention first: its left-to-right scan gives the tightest
         # first bound for the other types.
-        spec_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
+        spec_groups.sort(key=lambda g: not is_full_attention(g.spec))
         self.spec_groups = tuple(spec_groups)
         # A group drops if any group sharing its spec holds the drafter.
         self.dropping_group_ids = frozenset(g for sg in self.spec_groups if sg.drops for g in sg.group_ids)
@@ -187,7 +202,7 @@ class HybridCoordinator(KVCacheCoordinator):
         num_groups = len(self.managers)
         hit_blocks: list[list[KVBlock] | None] = [None] * num_groups
         hit_lengths = [0] * num_groups
-        one_pass = len(self.spec_groups) == 2 and isinstance(self.spec_groups[0].spec, FullAttentionSpec)
+        one_pass = len(self.spec_groups) == 2 and is_full_attention(self.spec_groups[0].spec)
         hashed_tokens = len(block_hashes) * self.config.block_size
         verified: set[int] = set()
         hit_length = max_length
@@ -195,7 +210,7 @@ class HybridCoordinator(KVCacheCoordinator):
             candidate = hit_length
             for index, spec_group in enumerate(self.spec_groups):
                 first = spec_group.group_ids[0]
-                if isinstance(spec_group.spec, FullAttentionSpec) and hit_blocks[first] is not None:
+                if is_full_attention(spec_group.spec) and hit_blocks[first] is not None:
                     candidate = min(candidate, hit_lengths[first])
                     continue
                 drop = spec_group.drops and index not in verified
@@ -217,7 +232,7 @@ class HybridCoordinator(KVCacheCoordinator):
             if one_pass:
                 break
         for spec_group in self.spec_groups:
-            if isinstance(spec_group.spec, FullAttentionSpec):
+            if is_full_attention(spec_group.spec):
                 num_blocks = ceil_div(hit_length, spec_group.spec.block_size)
                 for group_id in spec_group.group_ids:
                     trimmed = hit_blocks[group_id]

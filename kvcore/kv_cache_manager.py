@@ -68,6 +68,7 @@ class KVCacheManager:
         full_sequence_must_fit: bool = False,
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        num_encoder_tokens: int = 0,
     ) -> GroupBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead).
 
@@ -109,6 +110,7 @@ class KVCacheManager:
             ("num_lookahead_tokens", num_lookahead_tokens),
             ("num_external_computed_tokens", num_external_computed_tokens),
             ("reserved_blocks", reserved_blocks),
+            ("num_encoder_tokens", num_encoder_tokens),
         ):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgument(name, value, "must be an int >= 0")
@@ -140,13 +142,20 @@ class KVCacheManager:
         if full_sequence_must_fit:
             full_num_tokens = request.num_tokens if max_model_len is None else min(request.num_tokens, max_model_len)
             num_blocks_for_all = coordinator.num_blocks_to_allocate(
-                rid, full_num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap=True
+                rid,
+                full_num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap=True,
+                num_encoder_tokens=num_encoder_tokens,
             )
             if num_blocks_for_all + watermark_blocks > num_free:
                 return None
-        coordinator.remove_skipped_blocks(rid, max(0, total_computed_tokens - request.num_in_flight_tokens))
+        coordinator.remove_skipped_blocks(
+            rid, max(0, total_computed_tokens - request.num_in_flight_tokens), request.num_prompt_tokens
+        )
         num_blocks_needed = coordinator.num_blocks_to_allocate(
-            rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens
+            rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens, num_encoder_tokens=num_encoder_tokens
         )
         if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None
@@ -154,7 +163,7 @@ class KVCacheManager:
             coordinator.allocate_new_computed_blocks(
                 rid, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
             )
-        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens_need_slot)
+        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens_need_slot, num_encoder_tokens)
         if self.enable_caching and not delay_cache_blocks:
             # Only tokens that exist are cached: lookahead slots are not yet final.
             coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))

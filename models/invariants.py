@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import attrs
 
-from kvcheck.config import TargetConfig
+from kvcheck.config import UNCACHED_KINDS, TargetConfig
 from kvcheck.models.manager_model import ceil_div
 from kvcheck.observation import ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
@@ -259,6 +259,8 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
     block_size = check.config.block_size
     tables = check.sut.tables.get(request_id, tuple(() for _ in check.config.groups))
     for group_id, table in enumerate(tables):
+        if check.config.groups[group_id].kind in UNCACHED_KINDS:
+            continue  # sized by ring_holds_one_block and cross_attention_holds_encoder_blocks
         if len(table) * block_size < num_slots:
             _fail(
                 check,
@@ -267,6 +269,83 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
                 f"for {num_slots} scheduled positions",
                 ceil_div(num_slots, block_size),
                 len(table),
+            )
+
+
+def _tables_of_kind(check: StepCheck, kind: str) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(request, group, table) of every request holding blocks, for each group of ``kind``."""
+    group_ids = [g for g, group in enumerate(check.config.groups) if group.kind == kind]
+    return [(rid, g, tables[g]) for rid, tables in sorted(check.sut.tables.items()) for g in group_ids]
+
+
+def _uncached_table(
+    check: StepCheck, invariant: str, rid: str, group_id: int, table: tuple[int, ...], size: int
+) -> None:
+    """A group outside the prefix cache holds exactly ``size`` blocks for the request, none null or cached."""
+    kind = check.config.groups[group_id].kind
+    if len(table) != size or 0 in table:
+        _fail(
+            check,
+            invariant,
+            f"request {rid} group {group_id} ({kind}) must hold {size} blocks, none null, while it holds any",
+            size,
+            list(table),
+        )
+    cached = [b for b in table if b in check.sut.block_cache_keys]
+    if cached:
+        _fail(check, invariant, f"request {rid} group {group_id} ({kind}) has blocks in the prefix cache: {cached}")
+
+
+def ring_holds_one_block(check: StepCheck) -> None:
+    """A request holding blocks holds exactly one block in each ring-buffer group, never null and never
+    in the prefix cache, whatever its length.
+
+    Guards: a ring group grown like full attention (a block per block of
+    tokens); a second ring block claimed on a later step; a ring block
+    entered in the prefix cache (the target's own state, checked without
+    the model)."""
+    for rid, group_id, table in _tables_of_kind(check, "ring"):
+        _uncached_table(check, "ring_holds_one_block", rid, group_id, table, 1)
+
+
+def cross_attention_holds_encoder_blocks(check: StepCheck) -> None:
+    """A request holding blocks holds, in each cross-attention group, exactly the blocks of the
+    encoder's tokens (``ceil(num_encoder_tokens / block_size)``), never null and never cached.
+
+    Guards: cross-attention sized by the decoder's tokens; encoder blocks
+    allocated again on a later step or lost on preemption (the target's own
+    state, checked without the model)."""
+    size = ceil_div(check.config.num_encoder_tokens, check.config.block_size)
+    for rid, group_id, table in _tables_of_kind(check, "cross_attention"):
+        _uncached_table(check, "cross_attention_holds_encoder_blocks", rid, group_id, table, size)
+
+
+def rswa_keeps_the_prompt(check: StepCheck) -> None:
+    """An R-SWA table holds a block at every position of the prompt, and its null blocks form at most
+    one run, after the prompt's last block: only the gap between prompt and window is freed.
+
+    Guards: a gap that starts inside the prompt's last (partial) block; a
+    gap freed again after new blocks were added past it (the target's own
+    state, with its requests' prompt lengths, checked without the model)."""
+    block_size = check.config.block_size
+    for rid, group_id, table in _tables_of_kind(check, "rswa"):
+        prompt_blocks = ceil_div(check.sut.prompt_lengths.get(rid, 0), block_size)
+        nulls = [p for p, b in enumerate(table) if b == 0]
+        if any(p < prompt_blocks for p in nulls):
+            _fail(
+                check,
+                "rswa_keeps_the_prompt",
+                f"request {rid} group {group_id} (R-SWA) freed a block of its {prompt_blocks}-block prompt",
+                f"blocks at positions 0..{prompt_blocks - 1}",
+                list(table),
+            )
+        if nulls and nulls != list(range(nulls[0], nulls[-1] + 1)):
+            _fail(
+                check,
+                "rswa_keeps_the_prompt",
+                f"request {rid} group {group_id} (R-SWA) has null blocks in more than one run",
+                None,
+                list(table),
             )
 
 
@@ -470,6 +549,9 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     cache_map_consistent,
     events_match_cache,
     scheduled_slots_have_blocks,
+    ring_holds_one_block,
+    cross_attention_holds_encoder_blocks,
+    rswa_keeps_the_prompt,
     in_flight_blocks_held,
     admission_matches_model,
     hit_is_sound_and_maximal,

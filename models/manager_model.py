@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
 from kvcheck.models.pool_model import NULL, PoolModel
 from kvcheck.observation import CacheEvent, Observation, StoredEvent
 from kvcheck.ops import (
@@ -39,10 +39,13 @@ def skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
 def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> range:
     """Block positions a hit of ``hit_blocks`` blocks must find cached in ``group``.
 
-    Full attention needs every block before the boundary; a sliding window
-    only the blocks covering the last ``window - 1`` tokens before it; chunked
-    local attention the blocks of the boundary's own chunk before it.
+    Full attention (and R-SWA) needs every block before the boundary; a
+    sliding window only the blocks covering the last ``window - 1`` tokens
+    before it; chunked local attention the blocks of the boundary's own chunk
+    before it; a group outside the prefix cache none.
     """
+    if group.kind in UNCACHED_KINDS:
+        return range(0)
     if group.kind == "sliding_window":
         assert group.window is not None
         return range(max(0, hit_blocks - ceil_div(group.window - 1, block_size)), hit_blocks)
@@ -58,6 +61,7 @@ def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> rang
 class RequestModel:
     request_id: str
     tokens: list[int]
+    num_prompt_tokens: int
     num_computed_tokens: int = 0
     num_in_flight_tokens: int = 0
     running: bool = False
@@ -109,6 +113,8 @@ class ManagerModel:
         With an EAGLE drafter the hit is :meth:`eagle_hit_blocks` instead.
         The hit's blocks in each group are those its attention type needs
         before the boundary (null blocks elsewhere)."""
+        if all(group.kind in UNCACHED_KINDS for group in self.groups):
+            return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
         dropping = self.config.drop_group_ids
         hit_blocks = self.eagle_hit_blocks(request_id) if dropping else self.plain_hit_blocks(request_id)
         found = []
@@ -161,9 +167,10 @@ class ManagerModel:
         full_blocks = self.num_hashed_blocks(request_id)
         spec_groups: dict[GroupSpec, list[int]] = {}
         for group_id, group in enumerate(self.groups):
-            spec_groups.setdefault(group, []).append(group_id)
-        order = sorted(spec_groups.items(), key=lambda item: item[0].kind != "full")
-        one_pass = len(order) == 2 and order[0][0].kind == "full"
+            if group.kind not in UNCACHED_KINDS:
+                spec_groups.setdefault(group, []).append(group_id)
+        order = sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
+        one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         full_hits: dict[GroupSpec, int] = {}
         verified: set[GroupSpec] = set()
         # The cap in tokens, as the first candidate: num_tokens - 1, not block-aligned.
@@ -182,7 +189,7 @@ class ManagerModel:
                 elif found < current:
                     verified.clear()
                 current = found
-                if spec.kind == "full":
+                if spec.kind in FULL_HIT_KINDS:
                     full_hits[spec] = found // self.block_size
             if current >= candidate_tokens or one_pass:
                 return min(current, candidate_tokens) // self.block_size
@@ -212,13 +219,14 @@ class ManagerModel:
             block_cache_keys=dict(self.pool.cache),
             deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
             events=tuple(self.events or ()),
+            prompt_lengths={rid: request.num_prompt_tokens for rid, request in self.requests.items()},
         )
 
     # -- operations -----------------------------------------------------------
 
     def apply(self, op: Operation) -> StepResult:
         if isinstance(op, AddRequest):
-            self.requests[op.request_id] = RequestModel(op.request_id, list(op.prompt))
+            self.requests[op.request_id] = RequestModel(op.request_id, list(op.prompt), len(op.prompt))
             return StepResult()
         if isinstance(op, SpecDecode):
             return self._spec_decode(op)
@@ -337,6 +345,8 @@ class ManagerModel:
         # external tokens.
         if waiting and (any(hit_ids) or external > 0):
             for group_id, group in enumerate(self.groups):
+                if group.kind in UNCACHED_KINDS:
+                    continue
                 num_skipped = skipped_tokens(group, total_computed) // self.block_size
                 kept_hits = list(hit_ids[group_id][num_skipped:])
                 self.pool.touch(kept_hits)
@@ -344,7 +354,10 @@ class ManagerModel:
                 table.extend([NULL] * num_skipped + kept_hits)
                 self.num_cached[(rid, group_id)] = len(table)
             for group_id, group in enumerate(self.groups):
-                if total_computed - skipped_tokens(group, total_computed) > 0 and external > 0:
+                if external > 0 and (
+                    group.kind == "ring"
+                    or (group.kind != "cross_attention" and total_computed - skipped_tokens(group, total_computed) > 0)
+                ):
                     self._grow(rid, group_id, total_computed)
         return tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
 
@@ -356,6 +369,9 @@ class ManagerModel:
         what a request holds at once with ``max_in_flight_tokens`` tokens in flight."""
         taken = 0
         for group_id, group in enumerate(self.groups):
+            if group.kind in UNCACHED_KINDS:
+                taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
+                continue
             required = ceil_div(num_tokens, self.block_size)
             limit = self._admission_cap(group) if cap else None
             if limit is not None:
@@ -374,7 +390,7 @@ class ManagerModel:
         no cap): a window's last ``W - 1`` tokens, or a chunk, plus the tokens in flight (a window one
         block more, as it may start inside a block)."""
         in_flight = self.config.max_in_flight_tokens
-        if in_flight is None or group.window is None:
+        if in_flight is None or group.kind not in ("sliding_window", "chunked_local"):
             return None
         if group.kind == "sliding_window":
             return ceil_div(group.window - 1 + in_flight, self.block_size) + 1
@@ -405,9 +421,20 @@ class ManagerModel:
             self._cache_full_blocks(rid, request.num_computed_tokens)
         return StepResult(admitted=True, new_block_ids=new_ids, num_slots=slots)
 
+    def _slot_blocks(self, rid: str, group_id: int, num_tokens: int) -> int:
+        """The blocks the request's table in ``group_id`` holds once it has ``num_tokens`` slots: a
+        ring buffer's one; cross-attention's for the encoder's tokens, given as the request is
+        scheduled from waiting (none more after); a block per ``block_size`` slots otherwise."""
+        kind = self.groups[group_id].kind
+        if kind == "ring":
+            return 1
+        if kind == "cross_attention":
+            return ceil_div(self.config.num_encoder_tokens, self.block_size) if self.requests[rid].waiting else 0
+        return ceil_div(num_tokens, self.block_size)
+
     def _grow(self, rid: str, group_id: int, num_tokens: int) -> list[int]:
         table = self.table(rid, group_id)
-        added = self.pool.take_free(max(0, ceil_div(num_tokens, self.block_size) - len(table)))
+        added = self.pool.take_free(max(0, self._slot_blocks(rid, group_id, num_tokens) - len(table)))
         table.extend(added)
         return added
 
@@ -415,9 +442,12 @@ class ManagerModel:
         table = self.pool.holders.get((rid, group_id))
         if not table:
             return
-        end = min(skipped_tokens(self.groups[group_id], total_computed) // self.block_size, len(table))
+        released_range = self.groups[group_id].released_blocks(
+            total_computed, self.requests[rid].num_prompt_tokens, self.block_size
+        )
+        end = min(released_range.stop, len(table))
         released: list[int] = []
-        for position in range(end - 1, -1, -1):
+        for position in range(end - 1, released_range.start - 1, -1):
             if table[position] == NULL:
                 break
             released.append(table[position])
@@ -441,7 +471,9 @@ class ManagerModel:
         return min(num_tokens // block_size, self.num_hashed_blocks(rid))
 
     def _cache_full_blocks(self, rid: str, num_tokens: int) -> None:
-        for group_id in range(len(self.groups)):
+        for group_id, group in enumerate(self.groups):
+            if group.kind in UNCACHED_KINDS:
+                continue
             num_full = self._cacheable_blocks(rid, group_id, num_tokens)
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)

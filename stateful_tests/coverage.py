@@ -41,6 +41,9 @@ ASYNC_LOAD_CACHED = "async load cached when it landed"
 EVENT_STORE_AFTER_PARENT = "KV cache event: store after a parent"
 EVENT_REMOVAL = "KV cache event: entry removed"
 EVENT_CLEAR = "KV cache event: cache cleared"
+RSWA_GAP_FREED = "R-SWA freed a gap block after the prompt"
+RING_BLOCK_KEPT = "ring buffer kept its one block through a step"
+CROSS_ATTENTION_ALLOCATED = "cross-attention blocks allocated on admission"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -60,14 +63,18 @@ ALL_LABELS = (
     EVENT_STORE_AFTER_PARENT,
     EVENT_REMOVAL,
     EVENT_CLEAR,
+    RSWA_GAP_FREED,
+    RING_BLOCK_KEPT,
+    CROSS_ATTENTION_ALLOCATED,
 )
 
 
 def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
     """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
-    1 to 4): a hit across all groups needs two groups at least."""
+    1 to 4): a hit across all groups needs two groups at least, and cross-attention sits beside the
+    decoder's self-attention."""
     if num_groups == 1:
-        return tuple(label for label in ALL_LABELS if label != HIT_ACROSS_ALL_GROUPS)
+        return tuple(label for label in ALL_LABELS if label not in (HIT_ACROSS_ALL_GROUPS, CROSS_ATTENTION_ALLOCATED))
     return ALL_LABELS
 
 
@@ -82,6 +89,9 @@ class BeforeStep:
     free: set[int]
     cached: set[int]
     sliding_nulls: int
+    rswa_nulls: int
+    ring_held: bool
+    """For a step of a request: it holds its ring-buffer block(s) already."""
     held_by_request: set[int]
     plain_hit_tokens: int | None
     """For a waiting request's schedule with an EAGLE drafter: the hit without the drop."""
@@ -103,7 +113,11 @@ class BeforeStep:
         return cls(
             set(model.pool.free_order),
             set(model.pool.cache),
-            _sliding_nulls(model, op),
+            _nulls(model, op, "sliding_window"),
+            _nulls(model, op, "rswa"),
+            any(
+                model.pool.holders.get((request_id, g)) for g, group in enumerate(model.groups) if group.kind == "ring"
+            ),
             held - {0},
             plain,
             _window_held(model, op),
@@ -140,13 +154,14 @@ def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
     return bool(without.apply(refused).admitted)
 
 
-def _sliding_nulls(model: ManagerModel, op: Operation) -> int:
-    if not isinstance(op, Schedule):
+def _nulls(model: ManagerModel, op: Operation, kind: str) -> int:
+    """Null blocks in the tables of a scheduled request's groups of ``kind``."""
+    if not isinstance(op, Schedule | SpecDecode):
         return 0
     return sum(
         model.pool.holders.get((op.request_id, g), []).count(0)
         for g, group in enumerate(model.groups)
-        if group.kind == "sliding_window"
+        if group.kind == kind
     )
 
 
@@ -189,8 +204,19 @@ def step_labels(
         labels.append(DEFERRED_FREE_RELEASED)
     if isinstance(op, FinishAsyncLoad) and set(model.pool.cache) - before.cached:
         labels.append(ASYNC_LOAD_CACHED)
-    if _sliding_nulls(model, op) > before.sliding_nulls:
+    if isinstance(op, Schedule) and _nulls(model, op, "sliding_window") > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
+    if _nulls(model, op, "rswa") > before.rswa_nulls:
+        labels.append(RSWA_GAP_FREED)
+    if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
+        labels.append(RING_BLOCK_KEPT)
+    if (
+        isinstance(op, Schedule)
+        and result.admitted
+        and result.hit_length is not None
+        and any(group.kind == "cross_attention" for group in model.groups)
+    ):
+        labels.append(CROSS_ATTENTION_ALLOCATED)
     new_events = (model.events or [])[before.num_events :]
     if any(isinstance(event, StoredEvent) and event.parent is not None for event in new_events):
         labels.append(EVENT_STORE_AFTER_PARENT)

@@ -15,15 +15,22 @@ from kvcheck.targets.scheduler import SchedulerDrivenTarget
 def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
     """The kvcore configuration of a target configuration."""
     specs: list[kvcore.AttentionSpec] = []
+    block_size = config.block_size
     for group in config.groups:
         if group.kind == "full":
-            specs.append(kvcore.FullAttentionSpec(config.block_size))
-        elif group.kind == "sliding_window":
-            assert group.window is not None
-            specs.append(kvcore.SlidingWindowSpec(config.block_size, group.window))
+            specs.append(kvcore.FullAttentionSpec(block_size))
+        elif group.kind == "ring":
+            specs.append(kvcore.CircularBufferSpec(block_size))
+        elif group.kind == "cross_attention":
+            specs.append(kvcore.CrossAttentionSpec(block_size))
         else:
             assert group.window is not None
-            specs.append(kvcore.ChunkedLocalAttentionSpec(config.block_size, group.window))
+            if group.kind == "sliding_window":
+                specs.append(kvcore.SlidingWindowSpec(block_size, group.window))
+            elif group.kind == "rswa":
+                specs.append(kvcore.RSWASpec(block_size, group.window))
+            else:
+                specs.append(kvcore.ChunkedLocalAttentionSpec(block_size, group.window))
     return kvcore.KVCacheConfig(
         config.num_blocks,
         specs,

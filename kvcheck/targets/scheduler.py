@@ -30,7 +30,7 @@ from kvcheck.ops import (
     StepResult,
     plan_schedule,
 )
-from kvcheck.pipeline import StepPipeline, read_positions
+from kvcheck.pipeline import GroupPositions, StepPipeline, read_positions
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -135,7 +135,9 @@ class SchedulerDrivenTarget:
         preempted, or back from an asynchronous load): none for a running one."""
         if not waiting:
             return {}
+        encoder = {"num_encoder_tokens": self.config.num_encoder_tokens} if self.config.num_encoder_tokens else {}
         return {
+            **encoder,
             "full_sequence_must_fit": self.config.reserve_full_sequence,
             "reserved_blocks": self.config.reserved_blocks,
             "has_scheduled_reqs": any(other != request_id for other in self.running),
@@ -248,7 +250,7 @@ class SchedulerDrivenTarget:
         self.running.add(rid)
         self._on_admitted(request)
         request.num_computed_tokens += hit_length + amounts.num_external_tokens
-        reads = self._reads(rid, request.num_computed_tokens, amounts.num_new_tokens)
+        reads = self._reads(request, request.num_computed_tokens, amounts.num_new_tokens)
         request.num_computed_tokens += amounts.num_new_tokens
         num_slots = request.num_computed_tokens + lookahead
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, request.num_tokens, op.sampled_token, reads):
@@ -323,12 +325,24 @@ class SchedulerDrivenTarget:
             self.requests.get, self.running.__contains__, append, self._cache_blocks, self._free_popped
         )
 
-    def _reads(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> GroupIds:
+    def _read_positions(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> GroupPositions:
+        """The block positions, per group, that a step of ``request`` reads and writes."""
+        config = self.config
+        return read_positions(
+            config.groups,
+            config.block_size,
+            num_computed_tokens,
+            num_new_tokens,
+            request.num_prompt_tokens,
+            config.num_encoder_tokens,
+        )
+
+    def _reads(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> GroupIds:
         """Block ids at the positions a step reads and writes, per group (0 where the table has none)."""
         if not self.config.async_scheduling:
             return ()
-        table = self._table(request_id)
-        positions = read_positions(self.config.groups, self.config.block_size, num_computed_tokens, num_new_tokens)
+        table = self._table(request.request_id)
+        positions = self._read_positions(request, num_computed_tokens, num_new_tokens)
         return tuple(
             tuple(blocks[p] if p < len(blocks) else 0 for p in group_positions)
             for blocks, group_positions in zip(table, positions)
@@ -361,6 +375,7 @@ class SchedulerDrivenTarget:
             "deferred_frees": tuple(self._popped_ids(popped) for _, popped in self.pipeline.deferred),
             "in_flight_reads": self.pipeline.held_reads(),
             "events": tuple(self.events),
+            "prompt_lengths": {rid: request.num_prompt_tokens for rid, request in self.requests.items()},
         }
 
     def _learn_hashes(self, request_id: str) -> None:

@@ -87,9 +87,12 @@ def _import_allocator(version: str) -> SimpleNamespace:
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
+        CrossAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        RSWASpec,
         SlidingWindowSpec,
     )
     from vllm.v1.request import Request, RequestStatus
@@ -118,6 +121,9 @@ def _import_allocator(version: str) -> SimpleNamespace:
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
         ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
+        RSWASpec=RSWASpec,
+        CircularBufferSpec=CircularBufferSpec,
+        CrossAttentionSpec=CrossAttentionSpec,
         Request=Request,
         RequestStatus=RequestStatus,
     )
@@ -136,6 +142,12 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
         return v.SlidingWindowSpec(sliding_window=group.window, **layout)
     if group.kind == "chunked_local":
         return v.ChunkedLocalAttentionSpec(attention_chunk_size=group.window, **layout)
+    if group.kind == "rswa":
+        return v.RSWASpec(rswa_window=group.window, **layout)
+    if group.kind == "ring":
+        return v.CircularBufferSpec(**layout)
+    if group.kind == "cross_attention":
+        return v.CrossAttentionSpec(**layout)
     raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
 
 

@@ -1,15 +1,28 @@
 """One manager per attention type; each keeps the block tables of one KV-cache group."""
 
-from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from kvcore.config import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    RSWASpec,
+    SlidingWindowSpec,
+)
 from kvcore.managers.base import SingleTypeManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
 from kvcore.managers.full import FullAttentionManager
+from kvcore.managers.rswa import RSWAManager
+from kvcore.managers.scratch import CircularBufferManager, CrossAttentionManager
 from kvcore.managers.sliding_window import SlidingWindowManager
 
 MANAGER_FOR_SPEC: dict[type, type[SingleTypeManager]] = {
     FullAttentionSpec: FullAttentionManager,
     SlidingWindowSpec: SlidingWindowManager,
     ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    RSWASpec: RSWAManager,
+    CircularBufferSpec: CircularBufferManager,
+    CrossAttentionSpec: CrossAttentionManager,
 }
 
 
@@ -20,7 +33,10 @@ def manager_class_for(spec: AttentionSpec) -> type[SingleTypeManager]:
 
 __all__ = [
     "ChunkedLocalAttentionManager",
+    "CircularBufferManager",
+    "CrossAttentionManager",
     "FullAttentionManager",
+    "RSWAManager",
     "SingleTypeManager",
     "SlidingWindowManager",
     "manager_class_for",

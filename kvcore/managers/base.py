@@ -205,23 +205,28 @@ class SingleTypeManager:
             ),
         )
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def released_block_range(self, num_computed_tokens: int, num_prompt_tokens: int) -> tuple[int, int]:
+        """The table positions ``[start, end)`` no future token attends to once ``num_computed_tokens``
+        are computed (of a request with a ``num_prompt_tokens``-token prompt): the skipped leading tokens'
+        whole blocks."""
+        return 0, self.num_skipped_tokens(num_computed_tokens) // self.block_size
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         """Free the blocks no future token attends to and put the null block in their place.
 
-        The skipped range is freed from its last block backwards, stopping at
-        the first null block (everything before it was freed earlier).
+        The range (:meth:`released_block_range`) is freed from its last block
+        backwards, stopping at the first null block (everything before it was
+        freed earlier).
         """
-        num_skipped_tokens = self.num_skipped_tokens(num_computed_tokens)
-        if num_skipped_tokens <= 0:
-            return
+        first, end = self.released_block_range(num_computed_tokens, num_prompt_tokens)
         table = self.req_to_blocks.get(request_id)
-        if not table:
+        if not table or end <= first:
             return
-        end = min(num_skipped_tokens // self.block_size, len(table))
+        end = min(end, len(table))
         start = end
-        while start > 0 and not table[start - 1].is_null:
+        while start > first and not table[start - 1].is_null:
             start -= 1
-        if start == end:
+        if start >= end:
             return
         released = table[start:end]
         table[start:end] = [self.null_block] * (end - start)

@@ -201,6 +201,27 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (1,)), Schedule("r0", 1), Finish("r0"), ResetPrefixCache()],
         "events_match_cache",
     ),
+    # r0's 3-token prompt ends inside block 1 (blocks of 2).  Once 5 tokens are processed the
+    # window (1 token) starts at token 4, in block 2: the gap [2, 2) is empty, but rounded down it
+    # starts at block 1 and frees the prompt's last block.
+    "rswa-gap-starts-inside-the-prompt": (
+        one_group(12, 2, GroupSpec("rswa", 1), caching=False),
+        [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Schedule("r0", 1), Schedule("r0", 1), Schedule("r0", 1)],
+        "rswa_keeps_the_prompt",
+    ),
+    # Two tokens: the ring takes a block for each, as full attention would.
+    "ring-grows-like-full-attention": (
+        TargetConfig(8, 1, (FULL, GroupSpec("ring")), False),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2)],
+        "ring_holds_one_block",
+    ),
+    # r0 holds 2 decoder blocks and 1 encoder block, 2 blocks stay free; its decode step needs one,
+    # but counting cross-attention for the decoder's 3 tokens asks 2 more.
+    "cross-attention-counted-by-decoder-tokens": (
+        TargetConfig(6, 1, (FULL, GroupSpec("cross_attention")), False, num_encoder_tokens=1),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2), Schedule("r0", 1)],
+        "admission_matches_model",
+    ),
 }
 
 

@@ -49,6 +49,19 @@ def table_of(check: StepCheck, request_id: str, group: int, table: tuple[int, ..
     return with_sut(check, tables={**check.sut.tables, request_id: tuple(groups)})
 
 
+def grown_by_a_free_block(check: StepCheck, request_id: str, group: int) -> StepCheck:
+    """The request's table in ``group`` holds the head of the free queue too, every count kept consistent."""
+    taken, *rest = check.sut.free_order
+    check = with_sut(
+        check,
+        free_order=tuple(rest),
+        free_order_backward=tuple(rest[::-1]),
+        num_free=len(rest),
+        ref_counts={**check.sut.ref_counts, taken: 1},
+    )
+    return table_of(check, request_id, group, (*check.sut.tables[request_id][group], taken))
+
+
 def breakages() -> dict[str, Callable[[], StepCheck]]:
     """For each invariant, a step that breaks it and nothing checked before it."""
     base = two_requests_sharing_a_prefix
@@ -155,6 +168,27 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         tail = attrs.evolve(first, prefixes=first.prefixes[1:], parent=first.prefixes[0], token_ids=first.token_ids[1:])
         return with_sut(check, events=(head, tail, *rest))
 
+    def second_ring_block() -> StepCheck:
+        config = TargetConfig(8, 1, (GroupSpec("full"), GroupSpec("ring")), False)
+        check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
+        assert len(check.sut.tables["a"][1]) == 1
+        return grown_by_a_free_block(check, "a", 1)
+
+    def extra_encoder_block() -> StepCheck:
+        config = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("cross_attention")), False, num_encoder_tokens=3)
+        check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
+        assert len(check.sut.tables["a"][1]) == 2
+        return grown_by_a_free_block(check, "a", 1)
+
+    def gap_inside_the_prompt() -> StepCheck:
+        config = TargetConfig(12, 1, (GroupSpec("rswa", 1),), False)
+        decode = [Schedule("a", 1, 0, 0)] * 3
+        check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0), *decode])
+        table = check.sut.tables["a"][0]
+        assert table[3] == 0 and 0 not in table[:3]
+        # The same blocks, but the freed position is the prompt's last one.
+        return table_of(check, "a", 0, (table[0], table[1], 0, table[2], *table[4:]))
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
@@ -162,6 +196,9 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "cache_map_consistent": stale_map_entry,
         "events_match_cache": store_unreported,
         "scheduled_slots_have_blocks": slots_without_blocks,
+        "ring_holds_one_block": second_ring_block,
+        "cross_attention_holds_encoder_blocks": extra_encoder_block,
+        "rswa_keeps_the_prompt": gap_inside_the_prompt,
         "in_flight_blocks_held": in_flight_block_freed,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,

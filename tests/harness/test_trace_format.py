@@ -744,6 +744,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
         enable_kv_cache_events=True,
     )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
+    kinds = (GroupSpec("full"), GroupSpec("rswa", 2), GroupSpec("ring"), GroupSpec("cross_attention"))
+    encoder_decoder = TargetConfig(8, 2, kinds, False, num_encoder_tokens=3)
+    assert parse_trace(Trace(encoder_decoder, ()).dumps(), "e.json").config == encoder_decoder
     plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
     assert set(plain) == {"num_blocks", "block_size", "enable_caching", "groups"}
 
@@ -764,6 +767,21 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"watermark": "high"}, "config.watermark", "must be a fraction of the pool"),
         ({"reserved_blocks": -1}, "config.reserved_blocks", "must be an integer >= 0, got -1"),
         ({"max_in_flight_tokens": 0}, "config.max_in_flight_tokens", "must be an integer >= 1, got 0"),
+        ({"num_encoder_tokens": 3}, "config.num_encoder_tokens", "3 without a cross_attention group"),
+        ({"num_encoder_tokens": "3"}, "config.num_encoder_tokens", "must be an integer >= 0, got '3'"),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "cross_attention"}], "num_encoder_tokens": 2},
+            "config.enable_caching",
+            "cross_attention: its blocks have no prefix cache",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "cross_attention"}], "enable_caching": False},
+            "config.num_encoder_tokens",
+            "needs the encoder's token count",
+        ),
+        ({"groups": [{"kind": "ring"}, {"kind": "ring"}]}, "config.enable_caching", "no group in the prefix cache"),
+        ({"groups": [{"kind": "ring", "window": 2}]}, r"config.groups\[0\].window", "a ring group has no window"),
+        ({"groups": [{"kind": "rswa", "window": 0}]}, r"config.groups\[0\].window", "at least 1 token, got 0"),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(

