@@ -1269,8 +1269,8 @@ class Step:
                         continue
                     if len(blocks) != size or 0 in blocks:
                         detail = (
-                            f"request {request_id} group {group} ({kind}) must hold {size} blocks, none null, "
-                            "while it holds any"
+                            f"request {request_id} group {group} ({kind}) must hold {size} block{'s' * (size != 1)}, "
+                            "none null, while it holds any"
                         )
                         self.fail(invariant, detail, size, blocks)
                     cached = [b for b in blocks if pool.blocks[b].block_hash is not None]

@@ -287,7 +287,8 @@ def _uncached_table(
         _fail(
             check,
             invariant,
-            f"request {rid} group {group_id} ({kind}) must hold {size} blocks, none null, while it holds any",
+            f"request {rid} group {group_id} ({kind}) must hold {size} block{'s' * (size != 1)}, none null, while it "
+            "holds any",
             size,
             list(table),
         )
