@@ -13,6 +13,7 @@ from typing import TypeVar
 from kvcheck.config import TargetConfig
 from kvcheck.models.invariants import (
     NOT_OBSERVED,
+    EventReplay,
     InvariantViolation,
     StepCheck,
     check_all,
@@ -50,6 +51,7 @@ class Lockstep:
         self.checked_in_full = 0
         """The last step whose state was checked in full (0: none yet)."""
         self._last_results = StepResult(), StepResult()
+        self._event_replay = EventReplay() if config.enable_kv_cache_events else None
         Lockstep.latest = self
 
     def step(self, op: Operation) -> tuple[StepResult, StepResult]:
@@ -118,7 +120,8 @@ class Lockstep:
     def _check_in_full(self, op: Operation, sut_result: StepResult, model_result: StepResult) -> None:
         step = len(self.trace)
         sut = self._on_target(op, self.target.observe)
-        self.last = StepCheck(step, op, self.config, sut_result, model_result, sut, self.model.observe())
+        model = self.model.observe()
+        self.last = StepCheck(step, op, self.config, sut_result, model_result, sut, model, self._event_replay)
         self.checked_in_full = step
         check_all(self.last)
         try:

@@ -16,13 +16,35 @@ import attrs
 
 from kvcheck.config import UNCACHED_KINDS, TargetConfig
 from kvcheck.models.manager_model import ceil_div
-from kvcheck.observation import ClearedEvent, Observation, RemovedEvent, StoredEvent
+from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
+
+
+@attrs.define(eq=False)
+class EventReplay:
+    """The target's KV cache event stream as replayed so far: the events taken and the (group, prefix)
+    entries they leave.  A :class:`~kvcheck.lockstep.Lockstep` carries one from step to step, so
+    :func:`events_match_cache` replays each new event once, not the whole stream at every step."""
+
+    replayed: tuple[CacheEvent, ...] = ()
+    view: Counter[tuple[int, tuple[int, ...]]] = attrs.Factory(Counter)
+
+    def continues(self, events: tuple[CacheEvent, ...]) -> bool:
+        """Whether ``events`` is the stream replayed so far with events appended (the prefix is compared
+        in full: a target's events are the same objects from step to step, so this is quick)."""
+        return events[: len(self.replayed)] == self.replayed
+
+    def restart(self) -> None:
+        self.replayed = ()
+        self.view.clear()
 
 
 @attrs.frozen
 class StepCheck:
-    """Everything the invariants may look at after one step."""
+    """Everything the invariants may look at after one step.
+
+    ``event_replay`` is the event stream replayed at the previous full check of the same run (``None``:
+    replay it from the start)."""
 
     step: int
     op: Operation
@@ -31,6 +53,7 @@ class StepCheck:
     model_result: StepResult
     sut: Observation
     model: Observation
+    event_replay: EventReplay | None = None
 
 
 @attrs.define(auto_exc=True, str=False)
@@ -178,26 +201,35 @@ def events_match_cache(check: StepCheck) -> None:
     never; a store naming the wrong parent or tokens."""
     if not check.config.enable_kv_cache_events:
         return
-    view: Counter[tuple[int, tuple[int, ...]]] = Counter()
-    for index, event in enumerate(check.sut.events):
-        if isinstance(event, ClearedEvent):
-            view.clear()
-        elif isinstance(event, RemovedEvent):
-            key = (event.group, event.prefix)
-            if view[key] <= 0:
-                _fail(
-                    check,
-                    "events_match_cache",
-                    f"event {index} removes group {event.group} prefix {list(event.prefix)}, which the stream "
-                    "does not hold (never stored, or removed already)",
-                )
-            view[key] -= 1
-        else:
-            _check_stored_event(check, index, event)
-            view.update((event.group, prefix) for prefix in event.prefixes)
+    events = check.sut.events
+    replay = check.event_replay if check.event_replay is not None else EventReplay()
+    if not replay.continues(events):
+        replay.restart()
+    view = replay.view
+    try:
+        for index in range(len(replay.replayed), len(events)):
+            event = events[index]
+            if isinstance(event, ClearedEvent):
+                view.clear()
+            elif isinstance(event, RemovedEvent):
+                key = (event.group, event.prefix)
+                if view[key] <= 0:
+                    _fail(
+                        check,
+                        "events_match_cache",
+                        f"event {index} removes group {event.group} prefix {list(event.prefix)}, which the "
+                        "stream does not hold (never stored, or removed already)",
+                    )
+                view[key] -= 1
+            else:
+                _check_stored_event(check, index, event)
+                view.update((event.group, prefix) for prefix in event.prefixes)
+    except InvariantViolation:
+        replay.restart()  # the view holds part of the failing step's events: a later check starts over
+        raise
+    replay.replayed = events
     held = Counter((group, prefix) for group, prefix, _ in check.sut.cache_entries)
-    view = +view
-    if view != held:
+    if view != held:  # Counter equality counts a missing entry as 0
         unheld = sorted((view - held).items())[:3]
         unreported = sorted((held - view).items())[:3]
         _fail(
@@ -275,6 +307,8 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
 def _tables_of_kind(check: StepCheck, kind: str) -> list[tuple[str, int, tuple[int, ...]]]:
     """(request, group, table) of every request holding blocks, for each group of ``kind``."""
     group_ids = [g for g, group in enumerate(check.config.groups) if group.kind == kind]
+    if not group_ids:
+        return []
     return [(rid, g, tables[g]) for rid, tables in sorted(check.sut.tables.items()) for g in group_ids]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import attrs
@@ -258,14 +259,33 @@ def broken_event_streams() -> dict[str, tuple[object, ...]]:
     }
 
 
+@pytest.mark.parametrize("carried", [True, False], ids=["replay carried from the run", "replay from the start"])
 @pytest.mark.parametrize("wrong", list(broken_event_streams()))
-def test_a_wrong_event_stream_fails_events_match_cache(wrong: str) -> None:
+def test_a_wrong_event_stream_fails_events_match_cache(wrong: str, carried: bool) -> None:
     """The stream replayed from the start must rebuild the cache's entries, and each store must be well
-    formed: each way of breaking it fails events_match_cache, before any other invariant."""
+    formed: each way of breaking it fails events_match_cache, before any other invariant; the same
+    with the replay the run carried to that step (which holds the right stream: a wrong event among
+    those it replayed sends it back to the start)."""
     check = with_sut(two_requests_sharing_a_prefix(EVENTS), events=broken_event_streams()[wrong])
+    assert check.event_replay is not None and len(check.event_replay.replayed) == 4
+    if not carried:
+        check = attrs.evolve(check, event_replay=None)
     with pytest.raises(InvariantViolation) as caught:
         check_all(check)
     assert caught.value.invariant == "events_match_cache", str(caught.value)
+
+
+def test_the_event_replay_carried_by_a_run_takes_each_event_once() -> None:
+    """After each full check the run's replay holds the whole stream and the cache's entries; a view
+    emptied behind its back is not rebuilt from the stream: the next check fails on it."""
+    check = two_requests_sharing_a_prefix(EVENTS)
+    replay = check.event_replay
+    assert replay is not None and replay.replayed == check.sut.events
+    assert +replay.view == Counter((group, prefix) for group, prefix, _ in check.sut.cache_entries)
+    replay.view.clear()
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(check)
+    assert caught.value.invariant == "events_match_cache"
 
 
 def test_events_are_not_checked_when_the_configuration_has_none() -> None:
