@@ -17,13 +17,17 @@ from kvcheck.limits import (
     shown,
 )
 
-GROUP_KINDS = ("full", "sliding_window", "chunked_local", "rswa", "ring", "cross_attention")
+GROUP_KINDS = ("full", "mla", "sliding_window", "chunked_local", "rswa", "ring", "cross_attention", "mamba")
 WINDOW_KINDS = ("sliding_window", "chunked_local", "rswa")
 """The kinds whose group has a ``window``: a sliding window, an attention chunk, an R-SWA window."""
-FULL_HIT_KINDS = ("full", "rswa")
+FULL_HIT_KINDS = ("full", "mla", "rswa")
 """The kinds whose prefix hit is full attention's (every block from the first on)."""
 UNCACHED_KINDS = ("ring", "cross_attention")
 """The kinds outside the prefix cache: a ring buffer's one scratch block, cross-attention's encoder blocks."""
+CACHING_OFF_KINDS = ("cross_attention", "mamba")
+"""The kinds vLLM 0.33.0 runs only with prefix caching off: cross-attention, and Mamba outside its align mode."""
+MAX_SPECULATIVE_BLOCKS = 8
+"""The most speculative blocks a Mamba group reserves (vLLM reserves one per draft token)."""
 
 
 class ConfigError(ValueError):
@@ -48,16 +52,30 @@ class GroupSpec:
     ``window`` is the sliding window (``sliding_window``), the attention
     chunk (``chunked_local``) or the generated tokens an R-SWA group keeps
     beside the prompt (``rswa``), in tokens; ``None`` for the other kinds:
-    ``full``, ``ring`` (a ring buffer: one scratch block per request) and
-    ``cross_attention`` (blocks for the encoder's tokens).
+    ``full``, ``mla`` (multi-head latent attention: full attention of a spec
+    of its own), ``ring`` (a ring buffer: one scratch block per request),
+    ``cross_attention`` (blocks for the encoder's tokens) and ``mamba`` (a
+    Mamba state group in vLLM's ``none`` cache mode: the block holding the
+    last computed token's state is kept, every one before it freed).
+
+    ``speculative_blocks`` (``mamba`` only) is how many blocks past the
+    slots every allocation reserves for the states of draft tokens.
     """
 
     kind: str
     window: int | None = None
+    speculative_blocks: int = 0
 
     def validate(self, block_size: int, where: str) -> None:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
             raise ConfigError(f"{where}.kind", f"must be one of {', '.join(GROUP_KINDS)}, got {shown(self.kind)}")
+        field = f"{where}.speculative_blocks"
+        if self.kind != "mamba" and self.speculative_blocks != 0:
+            raise ConfigError(field, f"only a mamba group has speculative blocks, got {shown(self.speculative_blocks)}")
+        if not is_int(self.speculative_blocks) or not 0 <= self.speculative_blocks <= MAX_SPECULATIVE_BLOCKS:
+            raise ConfigError(
+                field, f"must be an integer from 0 to {MAX_SPECULATIVE_BLOCKS}, got {shown(self.speculative_blocks)}"
+            )
         field = f"{where}.window"
         if self.kind not in WINDOW_KINDS:
             if self.window is not None:
@@ -81,8 +99,11 @@ class GroupSpec:
 
         A sliding window of ``W`` tokens reaches back ``W - 1`` tokens; chunked
         local attention to the start of the token's chunk; full attention to
-        token 0.  Every token before it is skipped: no later token reads it.
+        token 0; a Mamba state the last computed token.  Every token before it is
+        skipped: no later token reads it.
         """
+        if self.kind == "mamba":
+            return max(0, num_computed_tokens - 1)
         if self.kind == "sliding_window":
             assert self.window is not None
             return max(0, num_computed_tokens - self.window + 1)
@@ -101,8 +122,26 @@ class GroupSpec:
             return range(-(-num_prompt_tokens // block_size), window_start // block_size)
         return range(self.first_attended_token(num_computed_tokens) // block_size)
 
+    def describe(self) -> str:
+        """The kind, with its window or speculative blocks: ``sliding_window(4)``, ``mamba(+2 speculative)``."""
+        if self.window is not None:
+            return f"{self.kind}({self.window})"
+        if self.speculative_blocks:
+            return f"{self.kind}(+{self.speculative_blocks} speculative)"
+        return self.kind
+
+    def slot_blocks(self, num_tokens: int, block_size: int) -> int:
+        """The table length that gives ``num_tokens`` slots: a block per ``block_size`` slots, and a
+        Mamba group's speculative blocks past them."""
+        return -(-num_tokens // block_size) + self.speculative_blocks
+
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind} if self.window is None else {"kind": self.kind, "window": self.window}
+        document: dict[str, Any] = {"kind": self.kind}
+        if self.window is not None:
+            document["window"] = self.window
+        if self.speculative_blocks:
+            document["speculative_blocks"] = self.speculative_blocks
+        return document
 
 
 @attrs.frozen
@@ -270,6 +309,12 @@ class TargetConfig:
                         f"true with groups[{index}] cross_attention: its blocks have no prefix cache (vLLM 0.33.0 "
                         "fails the first lookup)",
                     )
+                if group.kind == "mamba":
+                    raise ConfigError(
+                        "enable_caching",
+                        f"true with groups[{index}] mamba: its 'none' cache mode caches no state (vLLM 0.33.0 "
+                        "asserts: prefix caching needs the 'align' mode)",
+                    )
             if len(self.groups) > 1 and all(group.kind in UNCACHED_KINDS for group in self.groups):
                 raise ConfigError(
                     "enable_caching",
@@ -291,7 +336,7 @@ class TargetConfig:
         return self
 
     def describe(self) -> str:
-        kinds = ", ".join(g.kind if g.window is None else f"{g.kind}({g.window})" for g in self.groups)
+        kinds = ", ".join(group.describe() for group in self.groups)
         caching = "on" if self.enable_caching else "off"
         eagle = ", EAGLE drafter" if self.use_eagle else ""
         if self.eagle_group_ids:

@@ -8,11 +8,15 @@ models: full attention first, then local layers whose short windows drop
 blocks early (Gemma 3, Llama 4; in half of those, several local groups of
 one spec, as vLLM splits Gemma 3's sliding-window layers), so a prefix hit
 leaves some of each local group's blocks in the free queue; or R-SWA
-layers (a multimodal model keeping its prompt and a window); or a ring
-buffer beside full attention (a compressed-attention model); or, with
-prefix caching off, decoder self-attention and cross-attention (Whisper,
-with its fixed encoder length).  The other configurations mix every kind
-but cross-attention freely.  Some pools split evenly among the
+layers (a multimodal model keeping its prompt and a window); or MLA
+layers with an EAGLE drafter's full-attention layers in a group of their
+own (DeepSeek); or a ring buffer beside full attention (a
+compressed-attention model); or, with prefix caching off, full attention
+and Mamba layers (Jamba, Nemotron-H, Granite 4, Qwen3-Next; some reserving
+blocks for draft states), or decoder self-attention and cross-attention
+(Whisper, with its fixed encoder length).  One single-group draw in eight
+with caching free to be off is a pure Mamba model.  The other
+configurations mix every kind but cross-attention and Mamba freely.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
 allocate from.  Half the configurations with caching on serve an EAGLE
@@ -28,11 +32,11 @@ from __future__ import annotations
 
 import random
 
-from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
-    kind = rng.choice(["full", "sliding_window", "chunked_local", "rswa", "ring"])
+    kind = rng.choice(["full", "mla", "sliding_window", "chunked_local", "rswa", "ring"])
     if kind == "sliding_window":
         # Short windows slide within a short run; long ones keep hits intact.
         return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
@@ -48,11 +52,64 @@ def _rswa_group(rng: random.Random, block_size: int) -> GroupSpec:
     return GroupSpec("rswa", rng.randint(1, block_size))
 
 
+def _mamba_group(rng: random.Random) -> GroupSpec:
+    """A Mamba group, reserving blocks for an MTP verifier's draft states in three draws in four."""
+    return GroupSpec("mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
+
+
 def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
     """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
     if rng.random() < 0.5:
         return GroupSpec("sliding_window", rng.randint(2, 4 * block_size))
     return GroupSpec("chunked_local", block_size * rng.randint(1, 4))
+
+
+SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", "encoder_decoder")
+"""Layouts shaped like shipped models (see the module's docstring)."""
+LAYOUTS = ("mixed", *SHIPPED_LAYOUTS)
+"""Every layout :func:`random_config` draws: ``mixed`` mixes the kinds freely."""
+CACHING_OFF_LAYOUTS = ("mamba", "encoder_decoder")
+
+
+def _layout_groups(
+    rng: random.Random, layout: str, count: int, block_size: int
+) -> tuple[tuple[GroupSpec, ...], int | None]:
+    """The groups of ``layout`` with ``count`` groups, and the group an EAGLE drafter's layers sit in
+    when the layout has one of their own."""
+    if layout == "gemma":
+        # vLLM splits Gemma 3's many sliding-window layers into several groups of one spec, looked up together.
+        return (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1)), None
+    if layout == "llama":
+        return (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
+    if layout == "rswa":
+        # A multimodal model with R-SWA layers beside full attention.
+        return (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
+    if layout == "deepseek":
+        # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own.
+        return (*(GroupSpec("mla"),) * (count - 1), GroupSpec("full")), count - 1
+    if layout == "compressed":
+        # Full attention, the compressor's ring buffer, and possibly local layers.
+        return (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2))), None
+    if layout == "mamba":
+        # Jamba, Nemotron-H, Granite 4, Qwen3-Next without prefix caching: attention layers, then Mamba
+        # layers split into groups of one spec; with one group, a pure Mamba model (Mamba 2).
+        if count == 1:
+            return (_mamba_group(rng),), None
+        return (GroupSpec("full"), *(_mamba_group(rng),) * (count - 1)), None
+    if layout == "encoder_decoder":
+        # Whisper: decoder self-attention and cross-attention, without prefix caching.
+        return (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention")), None
+    return tuple(_any_group(rng, block_size) for _ in range(count)), None
+
+
+def _draw_layout(rng: random.Random, count: int) -> str:
+    """Half the multi-group draws are shaped like shipped models; one single-group draw in eight is a
+    pure Mamba model."""
+    if count > 1 and rng.random() < 0.5:
+        return rng.choices(SHIPPED_LAYOUTS, weights=(4, 4, 2, 2, 2, 3, 2))[0]
+    if count == 1 and rng.random() < 1 / 8:
+        return "mamba"
+    return "mixed"
 
 
 def random_config(
@@ -61,41 +118,28 @@ def random_config(
     full_pool: bool = False,
     caching: bool | None = None,
     drafter_and_async: bool = True,
+    layout: str | None = None,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
     Without ``drafter_and_async`` the same draws serve a plain model scheduled step by step (no
-    drafter, lookahead or async scheduling), to measure what those features cost."""
+    drafter, lookahead or async scheduling), to measure what those features cost.  ``layout`` (one
+    of :data:`LAYOUTS`) fixes the layout; a shipped layout needing more groups than drawn, or caching
+    off where ``caching`` is on, falls back to ``mixed``."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
-    encoder_decoder = False
-    if count > 1 and rng.random() < 0.5:
-        layout = rng.random()
-        if layout < 0.25:
-            # Gemma 3 style: vLLM splits the many local layers into several
-            # groups of one spec, looked up together.
-            groups = (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1))
-        elif layout < 0.5:
-            groups = (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1)))
-        elif layout < 0.7:
-            # A multimodal model with R-SWA layers beside full attention.
-            groups = (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1))
-        elif layout < 0.85 or caching:
-            # A compressed-attention model: full attention, the compressor's
-            # ring buffer, and possibly local layers.
-            groups = (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2)))
-        else:
-            # Encoder-decoder (Whisper): decoder self-attention and cross-attention, without prefix caching.
-            groups = (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention"))
-            encoder_decoder = True
-    else:
-        groups = tuple(_any_group(rng, block_size) for _ in range(count))
+    if layout is None:
+        layout = _draw_layout(rng, count)
+    if (count == 1 and layout not in ("mixed", "mamba")) or (caching and layout in CACHING_OFF_LAYOUTS):
+        layout = "mixed"
+    groups, drafter_group = _layout_groups(rng, layout, count, block_size)
+    encoder_decoder = layout == "encoder_decoder"
     even_split = 1 + count * rng.randint(max(1, 3 // count), max(1, 31 // count))
     # Some pools are large enough for a long prefill to leave room after its
     # windows dropped blocks; tiny pools keep exhaustion frequent.
     num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
     enable_caching = rng.random() < 0.5 if caching is None else caching
-    if encoder_decoder:
+    if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
         # vLLM needs a group in the prefix cache when it is on.
@@ -132,7 +176,9 @@ def random_config(
         prefill_lookahead = rng.choice([1, 2, 3])
     eagle_group_ids: tuple[int, ...] = ()
     name_drafters = must_name_drafters or ((use_eagle or hash_lookahead) and count > 1 and rng.random() < 1 / 2)
-    if name_drafters and can_drop:
+    if drafter_group is not None and (use_eagle or hash_lookahead):
+        eagle_group_ids = (drafter_group,)
+    elif name_drafters and can_drop:
         eagle_group_ids = tuple(sorted(rng.sample(can_drop, rng.randint(1, len(can_drop)))))
     if eagle_group_ids or use_eagle:
         # vLLM refuses a drafter's prefill lookahead longer than a block.

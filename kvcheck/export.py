@@ -334,6 +334,8 @@ FIXED_NAMES = frozenset(
         "RSWASpec",
         "CircularBufferSpec",
         "CrossAttentionSpec",
+        "MLAAttentionSpec",
+        "MambaSpec",
         "Request",
         "RequestStatus",
         "EXPORTED_AGAINST_VLLM",
@@ -342,6 +344,7 @@ FIXED_NAMES = frozenset(
         "NUM_HASH_LOOKAHEAD_TOKENS",
         "MAX_MODEL_LEN",
         "SLOT_SIZED_GROUPS",
+        "SPECULATIVE_BLOCKS",
         "GROUP_KINDS",
         "ENCODER_BLOCKS",
         "REUSE_ORDER_INVARIANT",
@@ -878,6 +881,8 @@ def _imports(config: TargetConfig, uses: set[str]) -> str:
         "rswa": "RSWASpec",
         "ring": "CircularBufferSpec",
         "cross_attention": "CrossAttentionSpec",
+        "mla": "MLAAttentionSpec",
+        "mamba": "MambaSpec",
     }
     interface = sorted({specs[group.kind] for group in config.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
     request_names = ["Request"] + (["RequestStatus"] if "RequestStatus" in uses else [])
@@ -930,6 +935,8 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             '"""Blocks a cross-attention group holds for the encoder\'s tokens."""',
             f"SLOT_SIZED_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind not in UNCACHED_KINDS]}",
             '"""Groups whose tables hold a block per BLOCK_SIZE positions (not ring buffers, not cross-attention)."""',
+            f"SPECULATIVE_BLOCKS = {[group.speculative_blocks for group in config.groups]}",
+            '"""Blocks a Mamba group reserves past its slots for draft states (0 for other groups)."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
@@ -952,6 +959,18 @@ def _make_manager(config: TargetConfig) -> str:
             spec = call("CircularBufferSpec", Atom("**layout"))
         elif group.kind == "cross_attention":
             spec = call("CrossAttentionSpec", Atom("**layout"))
+        elif group.kind == "mla":
+            spec = call("MLAAttentionSpec", Atom("**layout"))
+        elif group.kind == "mamba":
+            # One small state tensor: the allocator reads the block size, the mode and the speculative blocks.
+            spec = call(
+                "MambaSpec",
+                shapes=value_node(((1,),)),
+                dtypes=Atom('(STR_DTYPE_TO_TORCH_DTYPE["float32"],)'),
+                block_size=Atom("BLOCK_SIZE"),
+                mamba_cache_mode=value_node("none"),
+                num_speculative_blocks=value_node(group.speculative_blocks),
+            )
         else:
             spec = call("ChunkedLocalAttentionSpec", Atom("**layout"), attention_chunk_size=value_node(group.window))
         # kvcheck's make_manager passes the window first; keyword order does not matter to vLLM.
@@ -1255,9 +1274,10 @@ class Step:
     def _check_group_kinds(
         self, pool: BlockPool, tables: dict[str, list[list[int]]], prompt_lengths: dict[str, int] | None
     ) -> None:
-        """What ring-buffer, cross-attention and R-SWA groups keep, needing no model: a ring holds one block
-        and cross-attention the encoder's blocks (none null or cached); R-SWA keeps every prompt block and
-        frees one run of blocks after them."""
+        """What ring-buffer, cross-attention, R-SWA and Mamba groups keep, needing no model: a ring holds one
+        block and cross-attention the encoder's blocks (none null or cached); R-SWA keeps every prompt block
+        and frees one run of blocks after them; Mamba ends in its state blocks (1 + its speculative blocks
+        at least), with null blocks only before them and none cached."""
         sized = (
             ("ring_holds_one_block", "ring", 1),
             ("cross_attention_holds_encoder_blocks", "cross_attention", ENCODER_BLOCKS),
@@ -1291,6 +1311,22 @@ class Step:
                 if nulls and nulls != list(range(nulls[0], nulls[-1] + 1)):
                     detail = f"request {request_id} group {group} (R-SWA) has null blocks in more than one run"
                     self.fail("rswa_keeps_the_prompt", detail, None, blocks)
+        for request_id, table in sorted(tables.items()):
+            for group, blocks in enumerate(table):
+                if GROUP_KINDS[group] != "mamba":
+                    continue
+                tail = 1 + SPECULATIVE_BLOCKS[group]
+                first_live = next((position for position, b in enumerate(blocks) if b), len(blocks))
+                if 0 in blocks[first_live:] or len(blocks) - first_live < tail:
+                    detail = (
+                        f"request {request_id} group {group} (Mamba, {tail - 1} speculative) must end in {tail} or "
+                        "more blocks, with null blocks only before them, while it holds any"
+                    )
+                    self.fail("mamba_keeps_a_state_tail", detail, f"null blocks, then {tail} or more blocks", blocks)
+                cached = [b for b in blocks if b and pool.blocks[b].block_hash is not None]
+                if cached:
+                    detail = f"request {request_id} group {group} (Mamba) has blocks in the prefix cache: {cached}"
+                    self.fail("mamba_keeps_a_state_tail", detail)
 
     def _check_in_flight(
         self,

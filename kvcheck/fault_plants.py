@@ -21,6 +21,7 @@ import attrs
 import kvcore
 from kvcore.block import KVBlock
 from kvcore.blocks_math import ceil_div
+from kvcore.coordinator import HybridCoordinator
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
 from kvcore.events import AllBlocksCleared
 from kvcore.hashing import BlockHash
@@ -31,7 +32,8 @@ from kvcore.managers import (
     RSWAManager,
     SlidingWindowManager,
 )
-from kvcore.managers.base import HitBlocks, drop_last_block
+from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
+from kvcore.managers.mamba import MambaManager
 
 # -- seed faults -------------------------------------------------------------
 
@@ -648,3 +650,46 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
         )
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+
+
+def every_computed_token_skipped(num_computed_tokens: int) -> int:
+    """A Mamba group's skipped tokens counted as every computed one: the block holding the last
+    computed token's state is freed once that token ends a block, though the next token reads it."""
+    return num_computed_tokens
+
+
+def plant_mamba_frees_the_last_state(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, MambaManager):
+            group_manager.num_skipped_tokens = every_computed_token_skipped  # type: ignore[method-assign]
+
+
+def plant_mamba_speculative_blocks_not_counted(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, MambaManager):
+            # The bug: admission counts the slots' blocks only, while the allocation reserves the
+            # speculative blocks past them too: a step admitted against the count runs out of blocks.
+            group_manager.num_blocks_to_allocate = types.MethodType(  # type: ignore[method-assign]
+                SingleTypeManager.num_blocks_to_allocate, group_manager
+            )
+
+
+def plant_mla_looked_up_with_full_attention(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    if not isinstance(coordinator, HybridCoordinator):
+        return
+    # The bug: MLA's spec compares equal to full attention's (a comparison that ignores the spec's
+    # type), so MLA layers are looked up and cached with full attention's, and drop a block from
+    # their hits whenever a drafter's full-attention layers do.
+    full = next((sg for sg in coordinator.spec_groups if type(sg.spec) is kvcore.FullAttentionSpec), None)
+    mla = [sg for sg in coordinator.spec_groups if isinstance(sg.spec, kvcore.MLAAttentionSpec)]
+    if full is None or not mla:
+        return
+    merged = attrs.evolve(
+        full,
+        group_ids=[*full.group_ids, *(g for sg in mla for g in sg.group_ids)],
+        drops=full.drops or any(sg.drops for sg in mla),
+    )
+    kept = [sg for sg in coordinator.spec_groups if not isinstance(sg.spec, kvcore.MLAAttentionSpec)]
+    coordinator.spec_groups = tuple(merged if sg is full else sg for sg in kept)
+    coordinator.dropping_group_ids = frozenset(g for sg in coordinator.spec_groups if sg.drops for g in sg.group_ids)

@@ -183,6 +183,24 @@ FAULTS: dict[str, Fault] = {
             "admission counts cross-attention's blocks for the decoder's tokens, not the encoder's",
             plants.plant_cross_attention_counted_by_decoder_tokens,
         ),
+        Fault(
+            "mamba-frees-the-last-state",
+            "a Mamba group counts every computed token as skipped (not all but the last): the block holding the "
+            "state the next token reads is freed",
+            plants.plant_mamba_frees_the_last_state,
+        ),
+        Fault(
+            "mamba-speculative-blocks-not-counted",
+            "admission counts a Mamba group's blocks for the slots only, while allocation reserves its speculative "
+            "blocks too",
+            plants.plant_mamba_speculative_blocks_not_counted,
+        ),
+        Fault(
+            "mla-looked-up-with-full-attention",
+            "MLA's spec compares equal to full attention's: MLA layers are looked up with a drafter's "
+            "full-attention layers and drop a block from their hits too",
+            plants.plant_mla_looked_up_with_full_attention,
+        ),
     )
 }
 

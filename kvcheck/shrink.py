@@ -30,6 +30,9 @@ from kvcheck.targets import TargetFactory
 
 Ops = tuple[Operation, ...]
 
+MAX_POOL_CUT = 8
+"""The most blocks the pool is cut by when a request or a group is dropped with it."""
+
 
 def replay_violation(make_target: TargetFactory, config: TargetConfig, ops: Ops) -> InvariantViolation | None:
     """The violation replaying ``ops`` raises, or ``None`` (also when an operation refers to nothing)."""
@@ -120,7 +123,11 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
             if drafters or not config.eagle_group_ids:
                 groups = config.groups[:index] + config.groups[index + 1 :]
                 encoder = config.num_encoder_tokens if any(g.kind == "cross_attention" for g in groups) else 0
-                yield attrs.evolve(config, groups=groups, eagle_group_ids=drafters, num_encoder_tokens=encoder)
+                fewer_groups = attrs.evolve(config, groups=groups, eagle_group_ids=drafters, num_encoder_tokens=encoder)
+                yield fewer_groups
+                # The dropped group's blocks may have been what made the pool tight: a smaller one too.
+                for fewer in range(1, min(MAX_POOL_CUT, config.num_blocks - 2) + 1):
+                    yield attrs.evolve(fewer_groups, num_blocks=config.num_blocks - fewer)
     for smaller in (4, config.num_blocks // 2, config.num_blocks - 1):
         if 2 <= smaller < config.num_blocks:
             yield attrs.evolve(config, num_blocks=smaller)
@@ -137,8 +144,12 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
                     yield attrs.evolve(
                         config, groups=(*config.groups[:index], smaller_group, *config.groups[index + 1 :])
                     )
+        for fewer in sorted({0, group.speculative_blocks - 1}):
+            if 0 <= fewer < group.speculative_blocks:
+                smaller_group = attrs.evolve(group, speculative_blocks=fewer)
+                yield attrs.evolve(config, groups=(*config.groups[:index], smaller_group, *config.groups[index + 1 :]))
         if group.kind not in ("full", "cross_attention"):
-            full = attrs.evolve(group, kind="full", window=None)
+            full = attrs.evolve(group, kind="full", window=None, speculative_blocks=0)
             yield attrs.evolve(config, groups=(*config.groups[:index], full, *config.groups[index + 1 :]))
 
 
@@ -209,6 +220,14 @@ def shrink(make_target: TargetFactory, failure: Failure, max_attempts: int = 20_
                 return False
             if accept(config, _without_request(ops, request_id)):
                 return True
+        # A request whose only part was to hold some blocks is dropped with a pool that much smaller.
+        for request_id in _request_ids(ops):
+            for fewer in range(1, MAX_POOL_CUT + 1):
+                if config.num_blocks - fewer < 2 or attempts >= max_attempts:
+                    break
+                smaller = attrs.evolve(config, num_blocks=config.num_blocks - fewer)
+                if accept(smaller, _without_request(ops, request_id)):
+                    return True
         for gone in _request_ids(ops):
             for into in _request_ids(ops):
                 if gone != into and attempts < max_attempts and accept(config, _merge_request(ops, gone, into)):

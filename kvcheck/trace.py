@@ -208,8 +208,8 @@ class _Reader:
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
             group = self.object(group, field)
-            self.keys(group, {"kind"}, {"window"}, field)
-            groups.append(GroupSpec(group["kind"], group.get("window")))
+            self.keys(group, {"kind"}, {"window", "speculative_blocks"}, field)
+            groups.append(GroupSpec(group["kind"], group.get("window"), group.get("speculative_blocks", 0)))
         config = TargetConfig(
             raw["num_blocks"],
             raw["block_size"],

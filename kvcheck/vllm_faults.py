@@ -12,6 +12,7 @@ from typing import Any
 from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
     cacheable_counts_reprefillable_tokens,
+    every_computed_token_skipped,
     load_cached_before_it_lands,
     popped_in_eviction_order,
     release_with_and_condition,
@@ -286,6 +287,46 @@ def _cross_attention_counted_by_decoder_tokens(manager: Any) -> None:
     coordinator.get_num_blocks_to_allocate = blocks_for_decoder_tokens
 
 
+def _mamba_frees_the_last_state(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, MambaManager):
+            group_manager.get_num_skipped_tokens = every_computed_token_skipped
+
+
+def _mamba_speculative_blocks_not_counted(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager, SingleTypeKVCacheManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, MambaManager):
+            # The count skips MambaManager's override (the speculative blocks), the allocation keeps it.
+            group_manager.get_num_blocks_to_allocate = types.MethodType(
+                SingleTypeKVCacheManager.get_num_blocks_to_allocate, group_manager
+            )
+
+
+def _mla_looked_up_with_full_attention(manager: Any) -> None:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    coordinator = manager.coordinator
+    groups = getattr(coordinator, "attention_groups", None)
+    if groups is None:
+        return
+    full = next((g for g in groups if type(g.spec) is FullAttentionSpec), None)
+    mla = [g for g in groups if isinstance(g.spec, MLAAttentionSpec)]
+    if full is None or not mla:
+        return
+    merged = full._replace(
+        group_ids=[*full.group_ids, *(i for g in mla for i in g.group_ids)],
+        use_eagle=full.use_eagle or any(g.use_eagle for g in mla),
+    )
+    coordinator.attention_groups = [merged if g is full else g for g in groups if g not in mla]
+    if merged.use_eagle:
+        for group_id in merged.group_ids:
+            coordinator.single_type_managers[group_id].use_eagle = True
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -370,6 +411,21 @@ VLLM_FAULTS: dict[str, Fault] = {
             "cross-attention-counted-by-decoder-tokens",
             "vLLM's coordinator counting cross-attention's blocks for the decoder's tokens",
             _cross_attention_counted_by_decoder_tokens,
+        ),
+        Fault(
+            "mamba-frees-the-last-state",
+            "vLLM MambaManager.get_num_skipped_tokens returning every computed token",
+            _mamba_frees_the_last_state,
+        ),
+        Fault(
+            "mamba-speculative-blocks-not-counted",
+            "vLLM MambaManager counting its blocks without the speculative blocks it allocates",
+            _mamba_speculative_blocks_not_counted,
+        ),
+        Fault(
+            "mla-looked-up-with-full-attention",
+            "vLLM's coordinator grouping MLA layers with full attention's for the hit lookup",
+            _mla_looked_up_with_full_attention,
         ),
     )
 }

@@ -9,6 +9,8 @@ from kvcore.config import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
+    MLAAttentionSpec,
     RSWASpec,
     SlidingWindowSpec,
 )
@@ -46,6 +48,8 @@ __all__ = [
     "KVCacheEvent",
     "KVCacheManager",
     "KVCoreError",
+    "MLAAttentionSpec",
+    "MambaSpec",
     "OutOfBlocks",
     "RSWASpec",
     "RefCountUnderflow",

@@ -92,6 +92,43 @@ class CrossAttentionSpec:
     kind = "cross_attention"
 
 
+@attrs.frozen
+class MLAAttentionSpec:
+    """Multi-head latent attention (DeepSeek): full attention over one latent vector per token.
+
+    Its blocks are kept and hit as full attention's; a spec of its own, it
+    is looked up as a group apart from plain full attention in a hybrid
+    cache.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+
+    kind = "mla"
+
+
+def _non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidConfig(attribute.name, value, "must be an int >= 0")
+
+
+@attrs.frozen
+class MambaSpec:
+    """A Mamba (linear-attention) state group in vLLM's ``none`` cache mode.
+
+    A token reads only the state left by the token before it, so once ``n``
+    tokens are computed every block before the one holding token ``n - 1``
+    is freed.  Each allocation reserves ``num_speculative_blocks`` blocks
+    past the slots, where an MTP/EAGLE verifier keeps the states of draft
+    tokens.  The state is never cached: prefix caching needs vLLM's
+    ``align`` mode.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+    num_speculative_blocks: int = attrs.field(default=0, validator=_non_negative_int)
+
+    kind = "mamba"
+
+
 AttentionSpec = (
     FullAttentionSpec
     | SlidingWindowSpec
@@ -99,6 +136,8 @@ AttentionSpec = (
     | RSWASpec
     | CircularBufferSpec
     | CrossAttentionSpec
+    | MLAAttentionSpec
+    | MambaSpec
 )
 ATTENTION_SPECS = (
     FullAttentionSpec,
@@ -107,13 +146,15 @@ ATTENTION_SPECS = (
     RSWASpec,
     CircularBufferSpec,
     CrossAttentionSpec,
+    MLAAttentionSpec,
+    MambaSpec,
 )
 
 
 def is_full_attention(spec: AttentionSpec) -> bool:
     """Whether hits of ``spec`` are full-attention hits (every block from the first on): full attention
-    and R-SWA, whose gap is freed only after the prompt."""
-    return isinstance(spec, FullAttentionSpec | RSWASpec)
+    (plain or MLA) and R-SWA, whose gap is freed only after the prompt."""
+    return isinstance(spec, FullAttentionSpec | MLAAttentionSpec | RSWASpec)
 
 
 def is_prefix_cacheable(spec: AttentionSpec) -> bool:
@@ -172,7 +213,7 @@ class KVCacheConfig:
     queues a KV cache event (:mod:`kvcore.events`) for every change to the
     prefix cache, for :meth:`~kvcore.KVCacheManager.take_events`.
 
-    Cross-attention groups have no prefix cache, so they need caching off;
+    Cross-attention and Mamba groups have no prefix cache, so they need caching off;
     with caching on, a hybrid cache needs a group that is not a ring buffer.
     """
 
@@ -217,6 +258,13 @@ class KVCacheConfig:
                         True,
                         f"groups[{index}] is cross-attention, which has no prefix cache (vLLM 0.33.0 fails its "
                         "first lookup)",
+                    )
+                if isinstance(spec, MambaSpec):
+                    raise InvalidConfig(
+                        "enable_caching",
+                        True,
+                        f"groups[{index}] is Mamba in the 'none' cache mode, which caches no state (vLLM 0.33.0 "
+                        "asserts: prefix caching needs its 'align' mode)",
                     )
             if len(self.groups) > 1 and not any(is_prefix_cacheable(spec) for spec in self.groups):
                 raise InvalidConfig(

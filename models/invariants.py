@@ -384,6 +384,36 @@ def rswa_keeps_the_prompt(check: StepCheck) -> None:
             )
 
 
+def mamba_keeps_a_state_tail(check: StepCheck) -> None:
+    """A request holding blocks holds, in each Mamba group, null blocks only before its live blocks,
+    and at least ``1 + speculative_blocks`` live blocks at the table's end (the last computed token's
+    state and the blocks for draft states), none in the prefix cache.
+
+    Guards: speculative blocks not reserved, or reserved once and not kept
+    ahead of the slots; a state block freed inside the table; a state
+    block entered in the prefix cache (the target's own state, checked
+    without the model)."""
+    for rid, group_id, table in _tables_of_kind(check, "mamba"):
+        spec = check.config.groups[group_id].speculative_blocks
+        first_live = next((p for p, b in enumerate(table) if b != 0), len(table))
+        if 0 in table[first_live:] or len(table) - first_live < 1 + spec:
+            _fail(
+                check,
+                "mamba_keeps_a_state_tail",
+                f"request {rid} group {group_id} (Mamba, {spec} speculative) must end in {1 + spec} or more blocks, "
+                "with null blocks only before them, while it holds any",
+                f"null blocks, then {1 + spec} or more blocks",
+                list(table),
+            )
+        cached = [b for b in table if b != 0 and b in check.sut.block_cache_keys]
+        if cached:
+            _fail(
+                check,
+                "mamba_keeps_a_state_tail",
+                f"request {rid} group {group_id} (Mamba) has blocks in the prefix cache: {cached}",
+            )
+
+
 def in_flight_blocks_held(check: StepCheck) -> None:
     """Every block position a step still in flight reads or writes holds a block, and that block is
     still held: by the request's table at the same position, or by a deferred free.
@@ -587,6 +617,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     ring_holds_one_block,
     cross_attention_holds_encoder_blocks,
     rswa_keeps_the_prompt,
+    mamba_keeps_a_state_tail,
     in_flight_blocks_held,
     admission_matches_model,
     hit_is_sound_and_maximal,

@@ -358,7 +358,7 @@ class ManagerModel:
                     group.kind == "ring"
                     or (group.kind != "cross_attention" and total_computed - skipped_tokens(group, total_computed) > 0)
                 ):
-                    self._grow(rid, group_id, total_computed)
+                    self._grow(rid, group_id, total_computed, loaded=True)
         return tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
 
     def _blocks_needed(
@@ -372,7 +372,7 @@ class ManagerModel:
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
                 continue
-            required = ceil_div(num_tokens, self.block_size)
+            required = group.slot_blocks(num_tokens, self.block_size)
             limit = self._admission_cap(group) if cap else None
             if limit is not None:
                 required = min(required, limit)
@@ -424,17 +424,25 @@ class ManagerModel:
     def _slot_blocks(self, rid: str, group_id: int, num_tokens: int) -> int:
         """The blocks the request's table in ``group_id`` holds once it has ``num_tokens`` slots: a
         ring buffer's one; cross-attention's for the encoder's tokens, given as the request is
-        scheduled from waiting (none more after); a block per ``block_size`` slots otherwise."""
-        kind = self.groups[group_id].kind
-        if kind == "ring":
+        scheduled from waiting (none more after); a block per ``block_size`` slots otherwise, and a
+        Mamba group's speculative blocks past them."""
+        group = self.groups[group_id]
+        if group.kind == "ring":
             return 1
-        if kind == "cross_attention":
+        if group.kind == "cross_attention":
             return ceil_div(self.config.num_encoder_tokens, self.block_size) if self.requests[rid].waiting else 0
-        return ceil_div(num_tokens, self.block_size)
+        return group.slot_blocks(num_tokens, self.block_size)
 
-    def _grow(self, rid: str, group_id: int, num_tokens: int) -> list[int]:
+    def _grow(self, rid: str, group_id: int, num_tokens: int, loaded: bool = False) -> list[int]:
+        """Grow the table to give ``num_tokens`` slots; ``loaded``: blocks for tokens an external
+        connector loads, which take a block per ``block_size`` tokens in every kind but a ring."""
         table = self.table(rid, group_id)
-        added = self.pool.take_free(max(0, self._slot_blocks(rid, group_id, num_tokens) - len(table)))
+        wanted = (
+            ceil_div(num_tokens, self.block_size)
+            if loaded and self.groups[group_id].kind != "ring"
+            else self._slot_blocks(rid, group_id, num_tokens)
+        )
+        added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
         return added
 

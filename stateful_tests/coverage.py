@@ -44,6 +44,9 @@ EVENT_CLEAR = "KV cache event: cache cleared"
 RSWA_GAP_FREED = "R-SWA freed a gap block after the prompt"
 RING_BLOCK_KEPT = "ring buffer kept its one block through a step"
 CROSS_ATTENTION_ALLOCATED = "cross-attention blocks allocated on admission"
+MAMBA_STATE_FREED = "Mamba freed the state block behind its last token"
+MAMBA_SPECULATIVE_REFUSED = "Mamba speculative blocks made a step not fit"
+HIT_ACROSS_MLA_AND_FULL = "prefix hit across MLA and full-attention groups"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -66,15 +69,19 @@ ALL_LABELS = (
     RSWA_GAP_FREED,
     RING_BLOCK_KEPT,
     CROSS_ATTENTION_ALLOCATED,
+    MAMBA_STATE_FREED,
+    MAMBA_SPECULATIVE_REFUSED,
+    HIT_ACROSS_MLA_AND_FULL,
 )
 
 
 def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
     """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
-    1 to 4): a hit across all groups needs two groups at least, and cross-attention sits beside the
-    decoder's self-attention."""
+    1 to 4): a hit across all groups (or across MLA and full attention) needs two groups at least, and
+    cross-attention sits beside the decoder's self-attention."""
     if num_groups == 1:
-        return tuple(label for label in ALL_LABELS if label not in (HIT_ACROSS_ALL_GROUPS, CROSS_ATTENTION_ALLOCATED))
+        multi_group = (HIT_ACROSS_ALL_GROUPS, CROSS_ATTENTION_ALLOCATED, HIT_ACROSS_MLA_AND_FULL)
+        return tuple(label for label in ALL_LABELS if label not in multi_group)
     return ALL_LABELS
 
 
@@ -90,6 +97,7 @@ class BeforeStep:
     cached: set[int]
     sliding_nulls: int
     rswa_nulls: int
+    mamba_nulls: int
     ring_held: bool
     """For a step of a request: it holds its ring-buffer block(s) already."""
     held_by_request: set[int]
@@ -115,6 +123,7 @@ class BeforeStep:
             set(model.pool.cache),
             _nulls(model, op, "sliding_window"),
             _nulls(model, op, "rswa"),
+            _nulls(model, op, "mamba"),
             any(
                 model.pool.holders.get((request_id, g)) for g, group in enumerate(model.groups) if group.kind == "ring"
             ),
@@ -151,6 +160,16 @@ def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
     copy of the model after it (only refusals pay for the copy)."""
     without = copy.deepcopy(model)
     without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
+    return bool(without.apply(refused).admitted)
+
+
+def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) -> bool:
+    """Whether a refused step is admitted when no Mamba group reserves speculative blocks (re-run on
+    a copy of the model after the refusal, like :func:`_fits_without_lookahead`)."""
+    without = copy.deepcopy(model)
+    groups = tuple(attrs.evolve(group, speculative_blocks=0) for group in model.config.groups)
+    without.config = attrs.evolve(model.config, groups=groups)
+    without.groups = groups
     return bool(without.apply(refused).admitted)
 
 
@@ -208,6 +227,16 @@ def step_labels(
         labels.append(SLIDING_WINDOW_FREED)
     if _nulls(model, op, "rswa") > before.rswa_nulls:
         labels.append(RSWA_GAP_FREED)
+    if _nulls(model, op, "mamba") > before.mamba_nulls:
+        labels.append(MAMBA_STATE_FREED)
+    if (
+        result.admitted is False
+        and any(group.speculative_blocks for group in model.groups)
+        and _fits_without_speculative_blocks(model, op)
+    ):
+        labels.append(MAMBA_SPECULATIVE_REFUSED)
+    if isinstance(op, Schedule) and result.hit_length and {"mla", "full"} <= {g.kind for g in model.groups}:
+        labels.append(HIT_ACROSS_MLA_AND_FULL)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

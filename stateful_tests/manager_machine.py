@@ -137,7 +137,7 @@ def manager_machine(
             self._step(Schedule(request_id, 1, 0, sampled_token))
 
         @precondition(lambda self: bool(self.lockstep.model.decode_ready()))
-        @rule(data=st.data(), num_steps=st.integers(2, 6), sampled_token=tokens)
+        @rule(data=st.data(), num_steps=st.integers(2, 10), sampled_token=tokens)
         def decode_several(self, data: st.DataObject, num_steps: int, sampled_token: int) -> None:
             """A running request decodes several tokens, one step each, as it does alone in a batch:
             the generated tokens pile up past the prompt (where R-SWA opens its gap)."""

@@ -35,7 +35,11 @@ PROFILES = {
     # 1,000 examples: every catalogued fault is caught from at least 19 seeds in 20
     # (benchmarks/bench_detection.py); a clean run takes some 15 s per layout.
     "dev": settings(_COMMON, max_examples=1000, stateful_step_count=40),
-    "ci": settings(_COMMON, derandomize=True, database=None, max_examples=400, stateful_step_count=40, print_blob=True),
+    # The dev budget, derandomized: fewer examples left the rarer coverage labels (R-SWA's gap, a
+    # Mamba state freed) unreached under some seeds.
+    "ci": settings(
+        _COMMON, derandomize=True, database=None, max_examples=1000, stateful_step_count=40, print_blob=True
+    ),
     "thorough": settings(_COMMON, max_examples=20_000, stateful_step_count=80, print_blob=True),
 }
 

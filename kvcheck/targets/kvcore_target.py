@@ -19,6 +19,10 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
     for group in config.groups:
         if group.kind == "full":
             specs.append(kvcore.FullAttentionSpec(block_size))
+        elif group.kind == "mla":
+            specs.append(kvcore.MLAAttentionSpec(block_size))
+        elif group.kind == "mamba":
+            specs.append(kvcore.MambaSpec(block_size, group.speculative_blocks))
         elif group.kind == "ring":
             specs.append(kvcore.CircularBufferSpec(block_size))
         elif group.kind == "cross_attention":

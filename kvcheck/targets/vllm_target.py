@@ -92,6 +92,8 @@ def _import_allocator(version: str) -> SimpleNamespace:
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
+        MLAAttentionSpec,
         RSWASpec,
         SlidingWindowSpec,
     )
@@ -124,6 +126,8 @@ def _import_allocator(version: str) -> SimpleNamespace:
         RSWASpec=RSWASpec,
         CircularBufferSpec=CircularBufferSpec,
         CrossAttentionSpec=CrossAttentionSpec,
+        MLAAttentionSpec=MLAAttentionSpec,
+        MambaSpec=MambaSpec,
         Request=Request,
         RequestStatus=RequestStatus,
     )
@@ -148,6 +152,17 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
         return v.CircularBufferSpec(**layout)
     if group.kind == "cross_attention":
         return v.CrossAttentionSpec(**layout)
+    if group.kind == "mla":
+        return v.MLAAttentionSpec(**layout)
+    if group.kind == "mamba":
+        # One small state tensor; the allocator reads only the block size, the mode and the speculative blocks.
+        return v.MambaSpec(
+            shapes=((1,),),
+            dtypes=(v.dtype,),
+            block_size=block_size,
+            mamba_cache_mode="none",
+            num_speculative_blocks=group.speculative_blocks,
+        )
     raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
 
 

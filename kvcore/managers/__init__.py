@@ -6,12 +6,15 @@ from kvcore.config import (
     CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
+    MambaSpec,
+    MLAAttentionSpec,
     RSWASpec,
     SlidingWindowSpec,
 )
 from kvcore.managers.base import SingleTypeManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
 from kvcore.managers.full import FullAttentionManager
+from kvcore.managers.mamba import MambaManager
 from kvcore.managers.rswa import RSWAManager
 from kvcore.managers.scratch import CircularBufferManager, CrossAttentionManager
 from kvcore.managers.sliding_window import SlidingWindowManager
@@ -23,6 +26,8 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeManager]] = {
     RSWASpec: RSWAManager,
     CircularBufferSpec: CircularBufferManager,
     CrossAttentionSpec: CrossAttentionManager,
+    MLAAttentionSpec: FullAttentionManager,
+    MambaSpec: MambaManager,
 }
 
 
@@ -36,6 +41,7 @@ __all__ = [
     "CircularBufferManager",
     "CrossAttentionManager",
     "FullAttentionManager",
+    "MambaManager",
     "RSWAManager",
     "SingleTypeManager",
     "SlidingWindowManager",

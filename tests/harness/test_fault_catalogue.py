@@ -222,6 +222,31 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), Schedule("r0", 1)],
         "admission_matches_model",
     ),
+    # Two tokens computed: the next token reads token 1's state, in block 2 (position 1); counting
+    # both tokens as skipped frees that block too, and the new position takes it back from the
+    # free queue's head instead of block 1.
+    "mamba-frees-the-last-state": (
+        one_group(8, 1, GroupSpec("mamba"), caching=False),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2), Schedule("r0", 1)],
+        "lifo_head_reuse_when_caching_off",
+    ),
+    # DeepSeek with a 2-module MTP drafter in group 1: after a 4-token prefill the drafter's group
+    # caches 1 block (its last token may be prefilled again), the MLA group both; looked up with the
+    # drafter's group, MLA caches 1 block too.
+    "mla-looked-up-with-full-attention": (
+        TargetConfig(
+            9, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, num_prefill_lookahead=2, eagle_group_ids=(1,)
+        ),
+        [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 4)],
+        "cache_matches_model",
+    ),
+    # A 3-token prefill needs 3 blocks and 1 speculative block, one more than the 3 free blocks;
+    # counted without the speculative block it is admitted, and the allocation runs out of blocks.
+    "mamba-speculative-blocks-not-counted": (
+        one_group(4, 1, GroupSpec("mamba", speculative_blocks=1), caching=False),
+        [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3)],
+        "target_raised",
+    ),
 }
 
 

@@ -63,6 +63,24 @@ def grown_by_a_free_block(check: StepCheck, request_id: str, group: int) -> Step
     return table_of(check, request_id, group, (*check.sut.tables[request_id][group], taken))
 
 
+def block_freed(check: StepCheck, request_id: str, group: int, position: int) -> StepCheck:
+    """The request's table in ``group`` with the null block at ``position``, whose block went back to
+    the free queue's tail, every count kept consistent."""
+    table = check.sut.tables[request_id][group]
+    freed = table[position]
+    kept = (*table[:position], 0, *table[position + 1 :])
+    ref_counts = {block: count for block, count in check.sut.ref_counts.items() if block != freed}
+    free_order = (*check.sut.free_order, freed)
+    check = with_sut(
+        check,
+        free_order=free_order,
+        free_order_backward=free_order[::-1],
+        num_free=len(free_order),
+        ref_counts=ref_counts,
+    )
+    return table_of(check, request_id, group, tuple(kept))
+
+
 def breakages() -> dict[str, Callable[[], StepCheck]]:
     """For each invariant, a step that breaks it and nothing checked before it."""
     base = two_requests_sharing_a_prefix
@@ -190,6 +208,12 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         # The same blocks, but the freed position is the prompt's last one.
         return table_of(check, "a", 0, (table[0], table[1], 0, table[2], *table[4:]))
 
+    def state_block_freed_inside() -> StepCheck:
+        config = TargetConfig(8, 1, (GroupSpec("full"), GroupSpec("mamba", speculative_blocks=1)), False)
+        check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
+        assert len(check.sut.tables["a"][1]) == 4 and 0 not in check.sut.tables["a"][1]
+        return block_freed(check, "a", 1, 1)
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
@@ -200,6 +224,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "ring_holds_one_block": second_ring_block,
         "cross_attention_holds_encoder_blocks": extra_encoder_block,
         "rswa_keeps_the_prompt": gap_inside_the_prompt,
+        "mamba_keeps_a_state_tail": state_block_freed_inside,
         "in_flight_blocks_held": in_flight_block_freed,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,

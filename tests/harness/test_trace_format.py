@@ -744,7 +744,14 @@ def test_drafter_and_async_fields_round_trip() -> None:
         enable_kv_cache_events=True,
     )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
-    kinds = (GroupSpec("full"), GroupSpec("rswa", 2), GroupSpec("ring"), GroupSpec("cross_attention"))
+    kinds = (
+        GroupSpec("full"),
+        GroupSpec("rswa", 2),
+        GroupSpec("ring"),
+        GroupSpec("cross_attention"),
+        GroupSpec("mla"),
+        GroupSpec("mamba", speculative_blocks=2),
+    )
     encoder_decoder = TargetConfig(8, 2, kinds, False, num_encoder_tokens=3)
     assert parse_trace(Trace(encoder_decoder, ()).dumps(), "e.json").config == encoder_decoder
     plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
@@ -782,6 +789,23 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"groups": [{"kind": "ring"}, {"kind": "ring"}]}, "config.enable_caching", "no group in the prefix cache"),
         ({"groups": [{"kind": "ring", "window": 2}]}, r"config.groups\[0\].window", "a ring group has no window"),
         ({"groups": [{"kind": "rswa", "window": 0}]}, r"config.groups\[0\].window", "at least 1 token, got 0"),
+        ({"groups": [{"kind": "mamba"}]}, "config.enable_caching", "groups\\[0\\] mamba: its 'none' cache mode"),
+        (
+            {"groups": [{"kind": "mamba", "speculative_blocks": -1}], "enable_caching": False},
+            r"config.groups\[0\].speculative_blocks",
+            "must be an integer from 0 to 8, got -1",
+        ),
+        (
+            {"groups": [{"kind": "mamba", "speculative_blocks": 9}], "enable_caching": False},
+            r"config.groups\[0\].speculative_blocks",
+            "from 0 to 8, got 9",
+        ),
+        (
+            {"groups": [{"kind": "full", "speculative_blocks": 1}]},
+            r"config.groups\[0\].speculative_blocks",
+            "only a mamba group has speculative blocks, got 1",
+        ),
+        ({"groups": [{"kind": "mla", "window": 4}]}, r"config.groups\[0\].window", "a mla group has no window"),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(

@@ -1,5 +1,6 @@
-"""The R-SWA, ring-buffer and cross-attention layouts kvcheck refuses are those vLLM 0.33.0 cannot run,
-and the ones it accepts run on vLLM's manager step for step like kvcore.
+"""The R-SWA, ring-buffer, cross-attention, Mamba and MLA layouts kvcheck refuses are those vLLM 0.33.0
+cannot run, and the ones it accepts run on vLLM's manager step for step like kvcore; sink full attention
+cannot be built in vLLM 0.33.0 at all.
 
 Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
 """
@@ -20,6 +21,7 @@ from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
 
 FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
+MAMBA = GroupSpec("mamba", speculative_blocks=1)
 
 
 def test_vllm_cannot_build_a_hybrid_cache_of_ring_buffers_with_caching_and_kvcheck_refuses_it() -> None:
@@ -41,14 +43,40 @@ def test_vllm_fails_the_first_lookup_of_cross_attention_with_caching_and_kvcheck
     assert refused.value.field == "enable_caching"
 
 
+def test_vllm_asserts_on_mamba_with_caching_outside_align_mode_and_kvcheck_refuses_it() -> None:
+    with pytest.raises(AssertionError, match="mamba_cache_mode='align'"):
+        make_manager((FULL, MAMBA), 8, 2, enable_caching=True)
+    with pytest.raises(ConfigError) as refused:
+        TargetConfig(8, 2, (FULL, MAMBA), True).validate()
+    assert refused.value.field == "enable_caching"
+
+
+def test_vllm_cannot_build_a_sink_full_attention_manager() -> None:
+    """vLLM 0.33.0's coordinator hands every manager ``needs_kv_cache_zeroing``, which
+    SinkFullAttentionManager's constructor does not take: no KVCacheManager with a sink group can be
+    built, so kvcheck has no sink kind to drive (README, group kinds)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SinkFullAttentionSpec
+
+    from kvcheck.targets.vllm_target import LAYER_LAYOUT, require_vllm
+
+    spec = SinkFullAttentionSpec(block_size=2, sink_len=2, dtype=require_vllm().dtype, **LAYER_LAYOUT)
+    config = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layers.0"], spec)])
+    with pytest.raises(TypeError, match="needs_kv_cache_zeroing"):
+        KVCacheManager(config, max_model_len=64, scheduler_block_size=2, hash_block_size=2, enable_caching=True)
+
+
 @pytest.mark.parametrize(
     "config",
     [
         TargetConfig(16, 2, (FULL, GroupSpec("rswa", 1)), True),
         TargetConfig(16, 2, (FULL, RING), True),
         TargetConfig(16, 2, (FULL, CROSS), False, num_encoder_tokens=3),
+        TargetConfig(16, 2, (FULL, MAMBA), False),
+        TargetConfig(16, 2, (GroupSpec("mamba", speculative_blocks=2),), False, num_lookahead_tokens=2),
+        TargetConfig(16, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, eagle_group_ids=(1,)),
     ],
-    ids=["rswa", "ring", "cross_attention"],
+    ids=["rswa", "ring", "cross_attention", "mamba", "mamba-speculative", "mla-with-a-drafter"],
 )
 def test_each_kind_runs_on_vllm_as_on_kvcore(config: TargetConfig) -> None:
     """A prefill, decode steps past the R-SWA window, a preemption and a resume with a hit: kvcore and
