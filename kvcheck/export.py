@@ -1018,7 +1018,8 @@ def _make_manager(config: TargetConfig) -> str:
         f"{INDENT}# Once per process in vLLM's engine core, before any block is hashed.",
         f"{INDENT}init_none_hash(get_hash_fn_by_name({_quote(HASH_ALGORITHM)}))",
     ]
-    lines += lay_out(layout_node, indent=4, prefix="layout = ")
+    if any(group.kind != "mamba" for group in config.groups):  # a Mamba spec takes no attention layout
+        lines += lay_out(layout_node, indent=4, prefix="layout = ")
     lines += lay_out(groups_node, indent=4, prefix="groups = ")
     lines.append(f"{INDENT}config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)")
     lines += lay_out(manager_call, indent=4, prefix="return ")
