@@ -139,6 +139,9 @@ def random_config(
     # windows dropped blocks; tiny pools keep exhaustion frequent.
     num_blocks = even_split if full_pool else rng.choice([rng.randint(4, 32), rng.randint(16, 32), even_split])
     enable_caching = rng.random() < 0.5 if caching is None else caching
+    if layout == "deepseek" and caching is None:
+        # Served with prefix caching and its MTP drafter, which drops a block from the drafter group's hits.
+        enable_caching = True
     if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
@@ -148,7 +151,7 @@ def random_config(
     # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
-    eagle_drawn = rng.random() < 1 / 2
+    eagle_drawn = rng.random() < 1 / 2 or layout == "deepseek"
     can_drop = [index for index, group in enumerate(groups) if group.kind != "chunked_local"]
     # Beside a chunked-local group the drafter sits in other groups only
     # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
