@@ -17,8 +17,20 @@ from kvcheck.limits import (
     shown,
 )
 
-GROUP_KINDS = ("full", "mla", "sliding_window", "chunked_local", "rswa", "ring", "cross_attention", "mamba")
-WINDOW_KINDS = ("sliding_window", "chunked_local", "rswa")
+GROUP_KINDS = (
+    "full",
+    "mla",
+    "sliding_window",
+    "sliding_window_mla",
+    "chunked_local",
+    "rswa",
+    "ring",
+    "cross_attention",
+    "mamba",
+)
+SLIDING_KINDS = ("sliding_window", "sliding_window_mla")
+"""The sliding-window kinds: plain, and over MLA's latent vectors (a spec of its own)."""
+WINDOW_KINDS = (*SLIDING_KINDS, "chunked_local", "rswa")
 """The kinds whose group has a ``window``: a sliding window, an attention chunk, an R-SWA window."""
 FULL_HIT_KINDS = ("full", "mla", "rswa")
 """The kinds whose prefix hit is full attention's (every block from the first on)."""
@@ -87,7 +99,7 @@ class GroupSpec:
             raise ConfigError(field, above(self.window, MAX_WINDOW_TOKENS, "tokens"))
         if self.kind == "rswa" and self.window < 1:
             raise ConfigError(field, f"an R-SWA window needs at least 1 token, got {self.window}")
-        if self.kind == "sliding_window" and self.window < 2:
+        if self.kind in SLIDING_KINDS and self.window < 2:
             raise ConfigError(field, f"a sliding window needs at least 2 tokens, got {self.window}")
         if self.kind == "chunked_local" and (self.window < 1 or self.window % block_size):
             raise ConfigError(
@@ -104,7 +116,7 @@ class GroupSpec:
         """
         if self.kind == "mamba":
             return max(0, num_computed_tokens - 1)
-        if self.kind == "sliding_window":
+        if self.kind in SLIDING_KINDS:
             assert self.window is not None
             return max(0, num_computed_tokens - self.window + 1)
         if self.kind == "chunked_local":

@@ -38,7 +38,10 @@ from kvcheck.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
     kind = rng.choice(["full", "mla", "sliding_window", "chunked_local", "rswa", "ring"])
     if kind == "sliding_window":
-        # Short windows slide within a short run; long ones keep hits intact.
+        # Short windows slide within a short run; long ones keep hits intact.  One in four is over
+        # MLA's latent vectors (a spec of its own).
+        if rng.random() < 1 / 4:
+            kind = "sliding_window_mla"
         return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
     if kind == "chunked_local":
         return GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16])))
@@ -85,8 +88,12 @@ def _layout_groups(
         # A multimodal model with R-SWA layers beside full attention.
         return (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
     if layout == "deepseek":
-        # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own.
-        return (*(GroupSpec("mla"),) * (count - 1), GroupSpec("full")), count - 1
+        # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own; in half the
+        # draws with room, sliding-window MLA layers too (DeepSeek V4).
+        main = [GroupSpec("mla")] * (count - 1)
+        if count > 2 and rng.random() < 0.5:
+            main[-1] = GroupSpec("sliding_window_mla", rng.randint(2, 4 * block_size))
+        return (*main, GroupSpec("full")), count - 1
     if layout == "compressed":
         # Full attention, the compressor's ring buffer, and possibly local layers.
         return (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2))), None

@@ -330,6 +330,7 @@ FIXED_NAMES = frozenset(
         "KVCacheGroupSpec",
         "FullAttentionSpec",
         "SlidingWindowSpec",
+        "SlidingWindowMLASpec",
         "ChunkedLocalAttentionSpec",
         "RSWASpec",
         "CircularBufferSpec",
@@ -877,6 +878,7 @@ def _imports(config: TargetConfig, uses: set[str]) -> str:
     specs = {
         "full": "FullAttentionSpec",
         "sliding_window": "SlidingWindowSpec",
+        "sliding_window_mla": "SlidingWindowMLASpec",
         "chunked_local": "ChunkedLocalAttentionSpec",
         "rswa": "RSWASpec",
         "ring": "CircularBufferSpec",
@@ -953,6 +955,8 @@ def _make_manager(config: TargetConfig) -> str:
             spec = call("FullAttentionSpec", Atom("**layout"))
         elif group.kind == "sliding_window":
             spec = call("SlidingWindowSpec", Atom("**layout"), sliding_window=value_node(group.window))
+        elif group.kind == "sliding_window_mla":
+            spec = call("SlidingWindowMLASpec", Atom("**layout"), sliding_window=value_node(group.window))
         elif group.kind == "rswa":
             spec = call("RSWASpec", Atom("**layout"), rswa_window=value_node(group.window))
         elif group.kind == "ring":

@@ -693,3 +693,21 @@ def plant_mla_looked_up_with_full_attention(manager: kvcore.KVCacheManager) -> N
     kept = [sg for sg in coordinator.spec_groups if not isinstance(sg.spec, kvcore.MLAAttentionSpec)]
     coordinator.spec_groups = tuple(merged if sg is full else sg for sg in kept)
     coordinator.dropping_group_ids = frozenset(g for sg in coordinator.spec_groups if sg.drops for g in sg.group_ids)
+
+
+def plant_sliding_window_mla_managed_as_mla(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    # The bug: the spec-to-manager table maps sliding-window MLA to MLA's manager (full
+    # attention's), so its blocks never leave the window, its hits need every block, and
+    # admission has no cap for it.
+    for group_manager in coordinator.managers:
+        if isinstance(group_manager.spec, kvcore.SlidingWindowMLASpec):
+            group_manager.__class__ = FullAttentionManager
+            group_manager.max_admission_blocks = None
+    if isinstance(coordinator, HybridCoordinator):
+        coordinator.spec_groups = tuple(
+            attrs.evolve(sg, manager_class=FullAttentionManager)
+            if isinstance(sg.spec, kvcore.SlidingWindowMLASpec)
+            else sg
+            for sg in coordinator.spec_groups
+        )

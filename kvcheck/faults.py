@@ -201,6 +201,12 @@ FAULTS: dict[str, Fault] = {
             "full-attention layers and drop a block from their hits too",
             plants.plant_mla_looked_up_with_full_attention,
         ),
+        Fault(
+            "sliding-window-mla-managed-as-mla",
+            "sliding-window MLA is given MLA's manager (full attention's): its blocks never leave the window "
+            "and its hits need every block",
+            plants.plant_sliding_window_mla_managed_as_mla,
+        ),
     )
 }
 

@@ -327,6 +327,23 @@ def _mla_looked_up_with_full_attention(manager: Any) -> None:
             coordinator.single_type_managers[group_id].use_eagle = True
 
 
+def _sliding_window_mla_managed_as_mla(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+    from vllm.v1.kv_cache_interface import SlidingWindowMLASpec
+
+    coordinator = manager.coordinator
+    for group_manager in coordinator.single_type_managers:
+        if isinstance(group_manager.kv_cache_spec, SlidingWindowMLASpec):
+            group_manager.__class__ = FullAttentionManager
+            group_manager.max_admission_blocks_per_request = None
+    groups = getattr(coordinator, "attention_groups", None)
+    if groups is not None:
+        coordinator.attention_groups = [
+            g._replace(manager_cls=FullAttentionManager) if isinstance(g.spec, SlidingWindowMLASpec) else g
+            for g in groups
+        ]
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -426,6 +443,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "mla-looked-up-with-full-attention",
             "vLLM's coordinator grouping MLA layers with full attention's for the hit lookup",
             _mla_looked_up_with_full_attention,
+        ),
+        Fault(
+            "sliding-window-mla-managed-as-mla",
+            "vLLM's spec registry giving SlidingWindowMLASpec MLA's manager (FullAttentionManager)",
+            _sliding_window_mla_managed_as_mla,
         ),
     )
 }

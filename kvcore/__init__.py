@@ -12,6 +12,7 @@ from kvcore.config import (
     MambaSpec,
     MLAAttentionSpec,
     RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvcore.errors import (
@@ -55,6 +56,7 @@ __all__ = [
     "RefCountUnderflow",
     "Request",
     "RequestTooLong",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UnknownBlock",
     "hash_block_tokens",

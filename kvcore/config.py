@@ -38,6 +38,21 @@ class SlidingWindowSpec:
 
 
 @attrs.frozen
+class SlidingWindowMLASpec:
+    """Sliding-window attention over MLA's latent vectors (DeepSeek V4's local layers).
+
+    Its blocks leave the window, and its hits need the window's blocks, as a
+    sliding window's; a spec of its own, it is looked up as a group apart
+    from plain sliding-window attention in a hybrid cache.
+    """
+
+    block_size: int = attrs.field(validator=_positive_int)
+    sliding_window: int = attrs.field(validator=_positive_int)
+
+    kind = "sliding_window_mla"
+
+
+@attrs.frozen
 class ChunkedLocalAttentionSpec:
     """Chunked local attention: a token attends only to earlier tokens of its own chunk.
 
@@ -137,6 +152,7 @@ AttentionSpec = (
     | CircularBufferSpec
     | CrossAttentionSpec
     | MLAAttentionSpec
+    | SlidingWindowMLASpec
     | MambaSpec
 )
 ATTENTION_SPECS = (
@@ -147,6 +163,7 @@ ATTENTION_SPECS = (
     CircularBufferSpec,
     CrossAttentionSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     MambaSpec,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
 from kvcheck.models.pool_model import NULL, PoolModel
 from kvcheck.observation import CacheEvent, Observation, StoredEvent
 from kvcheck.ops import (
@@ -46,7 +46,7 @@ def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> rang
     """
     if group.kind in UNCACHED_KINDS:
         return range(0)
-    if group.kind == "sliding_window":
+    if group.kind in SLIDING_KINDS:
         assert group.window is not None
         return range(max(0, hit_blocks - ceil_div(group.window - 1, block_size)), hit_blocks)
     if group.kind == "chunked_local":
@@ -390,9 +390,9 @@ class ManagerModel:
         no cap): a window's last ``W - 1`` tokens, or a chunk, plus the tokens in flight (a window one
         block more, as it may start inside a block)."""
         in_flight = self.config.max_in_flight_tokens
-        if in_flight is None or group.kind not in ("sliding_window", "chunked_local"):
+        if in_flight is None or group.kind not in (*SLIDING_KINDS, "chunked_local"):
             return None
-        if group.kind == "sliding_window":
+        if group.kind in SLIDING_KINDS:
             return ceil_div(group.window - 1 + in_flight, self.block_size) + 1
         return ceil_div(group.window + in_flight, self.block_size)
 

@@ -11,6 +11,7 @@ from collections import Counter
 
 import attrs
 
+from kvcheck.config import SLIDING_KINDS
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -121,7 +122,7 @@ class BeforeStep:
         return cls(
             set(model.pool.free_order),
             set(model.pool.cache),
-            _nulls(model, op, "sliding_window"),
+            _nulls(model, op, *SLIDING_KINDS),
             _nulls(model, op, "rswa"),
             _nulls(model, op, "mamba"),
             any(
@@ -173,14 +174,14 @@ def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) ->
     return bool(without.apply(refused).admitted)
 
 
-def _nulls(model: ManagerModel, op: Operation, kind: str) -> int:
-    """Null blocks in the tables of a scheduled request's groups of ``kind``."""
+def _nulls(model: ManagerModel, op: Operation, *kinds: str) -> int:
+    """Null blocks in the tables of a scheduled request's groups of ``kinds``."""
     if not isinstance(op, Schedule | SpecDecode):
         return 0
     return sum(
         model.pool.holders.get((op.request_id, g), []).count(0)
         for g, group in enumerate(model.groups)
-        if group.kind == kind
+        if group.kind in kinds
     )
 
 
@@ -223,7 +224,7 @@ def step_labels(
         labels.append(DEFERRED_FREE_RELEASED)
     if isinstance(op, FinishAsyncLoad) and set(model.pool.cache) - before.cached:
         labels.append(ASYNC_LOAD_CACHED)
-    if isinstance(op, Schedule) and _nulls(model, op, "sliding_window") > before.sliding_nulls:
+    if isinstance(op, Schedule) and _nulls(model, op, *SLIDING_KINDS) > before.sliding_nulls:
         labels.append(SLIDING_WINDOW_FREED)
     if _nulls(model, op, "rswa") > before.rswa_nulls:
         labels.append(RSWA_GAP_FREED)

@@ -31,6 +31,8 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
             assert group.window is not None
             if group.kind == "sliding_window":
                 specs.append(kvcore.SlidingWindowSpec(block_size, group.window))
+            elif group.kind == "sliding_window_mla":
+                specs.append(kvcore.SlidingWindowMLASpec(block_size, group.window))
             elif group.kind == "rswa":
                 specs.append(kvcore.RSWASpec(block_size, group.window))
             else:

@@ -95,6 +95,7 @@ def _import_allocator(version: str) -> SimpleNamespace:
         MambaSpec,
         MLAAttentionSpec,
         RSWASpec,
+        SlidingWindowMLASpec,
         SlidingWindowSpec,
     )
     from vllm.v1.request import Request, RequestStatus
@@ -122,6 +123,7 @@ def _import_allocator(version: str) -> SimpleNamespace:
         KVCacheGroupSpec=KVCacheGroupSpec,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
+        SlidingWindowMLASpec=SlidingWindowMLASpec,
         ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
         RSWASpec=RSWASpec,
         CircularBufferSpec=CircularBufferSpec,
@@ -144,6 +146,8 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
         return v.FullAttentionSpec(**layout)
     if group.kind == "sliding_window":
         return v.SlidingWindowSpec(sliding_window=group.window, **layout)
+    if group.kind == "sliding_window_mla":
+        return v.SlidingWindowMLASpec(sliding_window=group.window, **layout)
     if group.kind == "chunked_local":
         return v.ChunkedLocalAttentionSpec(attention_chunk_size=group.window, **layout)
     if group.kind == "rswa":

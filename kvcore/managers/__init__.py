@@ -9,6 +9,7 @@ from kvcore.config import (
     MambaSpec,
     MLAAttentionSpec,
     RSWASpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from kvcore.managers.base import SingleTypeManager
@@ -28,6 +29,7 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeManager]] = {
     CrossAttentionSpec: CrossAttentionManager,
     MLAAttentionSpec: FullAttentionManager,
     MambaSpec: MambaManager,
+    SlidingWindowMLASpec: SlidingWindowManager,
 }
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
-from kvcore.config import AttentionSpec, SlidingWindowSpec
+from kvcore.config import AttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec
 from kvcore.hashing import BlockHash
 from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
 
@@ -25,7 +25,7 @@ class SlidingWindowManager(SingleTypeManager):
     """
 
     kind = "sliding_window"
-    spec: SlidingWindowSpec
+    spec: SlidingWindowSpec | SlidingWindowMLASpec
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.spec.sliding_window + 1)
@@ -59,7 +59,7 @@ class SlidingWindowManager(SingleTypeManager):
         ``drop_last`` the run needs one block more, which is then dropped:
         the hit still covers the window before its (lower) boundary.
         """
-        assert isinstance(spec, SlidingWindowSpec)
+        assert isinstance(spec, SlidingWindowSpec | SlidingWindowMLASpec)
         block_size = spec.block_size
         needed = contiguous_blocks_for_hit(spec.sliding_window, block_size) + (1 if drop_last else 0)
         max_num_blocks = max_length // block_size

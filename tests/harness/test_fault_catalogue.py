@@ -240,6 +240,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 4)],
         "cache_matches_model",
     ),
+    # A 2-token window over 1-token blocks: once 3 tokens are computed, block 1 (token 0) leaves the
+    # window and heads the free queue; managed as MLA, it stays in the table.
+    "sliding-window-mla-managed-as-mla": (
+        one_group(6, 1, GroupSpec("sliding_window_mla", 2), caching=False),
+        [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Schedule("r0", 1)],
+        "lifo_head_reuse_when_caching_off",
+    ),
     # A 3-token prefill needs 3 blocks and 1 speculative block, one more than the 3 free blocks;
     # counted without the speculative block it is admitted, and the allocation runs out of blocks.
     "mamba-speculative-blocks-not-counted": (

@@ -1,4 +1,4 @@
-"""Mamba state groups (vLLM's ``none`` cache mode) and MLA groups beside full attention.
+"""Mamba state groups (vLLM's ``none`` cache mode), MLA and sliding-window MLA groups beside full attention.
 
 The expected tables are the ones vLLM 0.33.0 produces for the same steps.
 """
@@ -16,6 +16,8 @@ from kvcore import (
     MambaSpec,
     MLAAttentionSpec,
     Request,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
     hit_block_ids,
 )
 
@@ -101,3 +103,26 @@ def test_mla_is_full_attention_looked_up_as_a_group_of_its_own() -> None:
     manager.free(request)
     hit, hit_length = manager.get_computed_blocks(Request("s", [1, 2, 3, 4, 5, 6], BLOCK_SIZE))
     assert (hit_block_ids(hit), hit_length) == (([1, 2], [4, 5]), 4)
+
+
+def test_sliding_window_mla_is_a_sliding_window_looked_up_as_a_group_of_its_own() -> None:
+    """Plain and MLA sliding windows of 3 tokens free the same positions and hit alike, each in a spec
+    group of its own."""
+    manager = make_manager(
+        FullAttentionSpec(BLOCK_SIZE),
+        SlidingWindowSpec(BLOCK_SIZE, 3),
+        SlidingWindowMLASpec(BLOCK_SIZE, 3),
+        num_blocks=24,
+        enable_caching=True,
+    )
+    assert len(manager.coordinator.spec_groups) == 3
+    request = Request("r", [1, 2, 3, 4, 5, 6, 7], BLOCK_SIZE)
+    assert step(manager, request, 7)
+    assert manager.get_block_ids("r") == ([1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12])
+    for _ in range(2):
+        request.append_output_token_ids(9)
+        assert step(manager, request, 1)
+    assert manager.get_block_ids("r") == ([1, 2, 3, 4, 13], [0, 0, 0, 8, 14], [0, 0, 0, 12, 15])
+    manager.free(request)
+    hit, hit_length = manager.get_computed_blocks(Request("s", [1, 2, 3, 4, 5, 6, 7, 9, 9, 1], BLOCK_SIZE))
+    assert (hit_block_ids(hit), hit_length) == (([1, 2, 3, 4], [0, 0, 0, 8], [0, 0, 0, 12]), 8)

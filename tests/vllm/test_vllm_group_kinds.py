@@ -1,4 +1,4 @@
-"""The R-SWA, ring-buffer, cross-attention, Mamba and MLA layouts kvcheck refuses are those vLLM 0.33.0
+"""The R-SWA, ring-buffer, cross-attention, Mamba, MLA and sliding-window MLA layouts kvcheck refuses are those vLLM 0.33.0
 cannot run, and the ones it accepts run on vLLM's manager step for step like kvcore; sink full attention
 cannot be built in vLLM 0.33.0 at all.
 
@@ -75,8 +75,9 @@ def test_vllm_cannot_build_a_sink_full_attention_manager() -> None:
         TargetConfig(16, 2, (FULL, MAMBA), False),
         TargetConfig(16, 2, (GroupSpec("mamba", speculative_blocks=2),), False, num_lookahead_tokens=2),
         TargetConfig(16, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, eagle_group_ids=(1,)),
+        TargetConfig(24, 2, (GroupSpec("mla"), GroupSpec("sliding_window_mla", 3), FULL), True),
     ],
-    ids=["rswa", "ring", "cross_attention", "mamba", "mamba-speculative", "mla-with-a-drafter"],
+    ids=["rswa", "ring", "cross_attention", "mamba", "mamba-speculative", "mla-with-a-drafter", "sliding-window-mla"],
 )
 def test_each_kind_runs_on_vllm_as_on_kvcore(config: TargetConfig) -> None:
     """A prefill, decode steps past the R-SWA window, a preemption and a resume with a hit: kvcore and
