@@ -15,7 +15,8 @@ compressed-attention model); or, with prefix caching off, full attention
 and Mamba layers (Jamba, Nemotron-H, Granite 4, Qwen3-Next; some reserving
 blocks for draft states), or decoder self-attention and cross-attention
 (Whisper, with its fixed encoder length).  One single-group draw in eight
-with caching free to be off is a pure Mamba model.  The other
+with caching free to be off is a pure Mamba model, and one in eight of the
+others an R-SWA group alone.  The other
 configurations mix every kind but cross-attention and Mamba freely.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
@@ -85,7 +86,9 @@ def _layout_groups(
     if layout == "llama":
         return (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
     if layout == "rswa":
-        # A multimodal model with R-SWA layers beside full attention.
+        # A multimodal model with R-SWA layers beside full attention; with one group, its R-SWA layers alone.
+        if count == 1:
+            return (_rswa_group(rng, block_size),), None
         return (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
     if layout == "deepseek":
         # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own; in half the
@@ -111,11 +114,13 @@ def _layout_groups(
 
 def _draw_layout(rng: random.Random, count: int) -> str:
     """Half the multi-group draws are shaped like shipped models; one single-group draw in eight is a
-    pure Mamba model."""
+    pure Mamba model, and one in eight of the others an R-SWA group alone."""
     if count > 1 and rng.random() < 0.5:
         return rng.choices(SHIPPED_LAYOUTS, weights=(4, 4, 2, 2, 2, 3, 2))[0]
     if count == 1 and rng.random() < 1 / 8:
         return "mamba"
+    if count == 1 and rng.random() < 1 / 8:
+        return "rswa"
     return "mixed"
 
 
@@ -137,7 +142,7 @@ def random_config(
     count = num_groups or rng.randint(1, 4)
     if layout is None:
         layout = _draw_layout(rng, count)
-    if (count == 1 and layout not in ("mixed", "mamba")) or (caching and layout in CACHING_OFF_LAYOUTS):
+    if (count == 1 and layout not in ("mixed", "mamba", "rswa")) or (caching and layout in CACHING_OFF_LAYOUTS):
         layout = "mixed"
     groups, drafter_group = _layout_groups(rng, layout, count, block_size)
     encoder_decoder = layout == "encoder_decoder"
