@@ -1,6 +1,6 @@
-"""The R-SWA, ring-buffer, cross-attention, Mamba, MLA and sliding-window MLA layouts kvcheck refuses are those vLLM 0.33.0
-cannot run, and the ones it accepts run on vLLM's manager step for step like kvcore; sink full attention
-cannot be built in vLLM 0.33.0 at all.
+"""The R-SWA, ring-buffer, cross-attention, Mamba, MLA and sliding-window MLA layouts kvcheck refuses
+are those vLLM 0.33.0 cannot run, and the ones it accepts run on vLLM's manager step for step like
+kvcore; sink full attention cannot be built in vLLM 0.33.0 at all.
 
 Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
 """
