@@ -618,16 +618,19 @@ def plant_rswa_gap_starts_inside_the_prompt(manager: kvcore.KVCacheManager) -> N
             group_manager.released_block_range = released_block_range  # type: ignore[method-assign]
 
 
+def borrow_method(managers: Iterable[Any], kind: type, name: str, lender: type) -> None:
+    """Give every manager of class ``kind`` the method ``name`` as ``lender`` defines it: a manager that
+    skips its own override (kvcore's and vLLM's managers alike)."""
+    for group_manager in managers:
+        if isinstance(group_manager, kind):
+            setattr(group_manager, name, types.MethodType(getattr(lender, name), group_manager))
+
+
 def plant_ring_grows_like_full_attention(manager: kvcore.KVCacheManager) -> None:
-    for group_manager in manager.coordinator.managers:
-        if isinstance(group_manager, CircularBufferManager):
-            # The bug: the ring's manager takes full attention's growth (a
-            # block per block_size tokens) while still counting one block for
-            # admission: the ring holds a block per block of tokens, admitted
-            # against a count that says one.
-            group_manager.allocate_new_blocks = types.MethodType(  # type: ignore[method-assign]
-                FullAttentionManager.allocate_new_blocks, group_manager
-            )
+    # The bug: the ring's manager takes full attention's growth (a block per
+    # block_size tokens) while still counting one block for admission: the ring
+    # holds a block per block of tokens, admitted against a count that says one.
+    borrow_method(manager.coordinator.managers, CircularBufferManager, "allocate_new_blocks", FullAttentionManager)
 
 
 def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManager) -> None:
@@ -665,13 +668,9 @@ def plant_mamba_frees_the_last_state(manager: kvcore.KVCacheManager) -> None:
 
 
 def plant_mamba_speculative_blocks_not_counted(manager: kvcore.KVCacheManager) -> None:
-    for group_manager in manager.coordinator.managers:
-        if isinstance(group_manager, MambaManager):
-            # The bug: admission counts the slots' blocks only, while the allocation reserves the
-            # speculative blocks past them too: a step admitted against the count runs out of blocks.
-            group_manager.num_blocks_to_allocate = types.MethodType(  # type: ignore[method-assign]
-                SingleTypeManager.num_blocks_to_allocate, group_manager
-            )
+    # The bug: admission counts the slots' blocks only, while the allocation reserves the
+    # speculative blocks past them too: a step admitted against the count runs out of blocks.
+    borrow_method(manager.coordinator.managers, MambaManager, "num_blocks_to_allocate", SingleTypeManager)
 
 
 def plant_mla_looked_up_with_full_attention(manager: kvcore.KVCacheManager) -> None:

@@ -6,11 +6,11 @@ fault patches attributes of the manager object a target just built.
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
+    borrow_method,
     cacheable_counts_reprefillable_tokens,
     every_computed_token_skipped,
     load_cached_before_it_lands,
@@ -269,11 +269,8 @@ def _rswa_gap_starts_inside_the_prompt(manager: Any) -> None:
 def _ring_grows_like_full_attention(manager: Any) -> None:
     from vllm.v1.core.single_type_kv_cache_manager import CircularBufferManager, FullAttentionManager
 
-    for group_manager in manager.coordinator.single_type_managers:
-        if isinstance(group_manager, CircularBufferManager):
-            group_manager.allocate_new_blocks = types.MethodType(
-                FullAttentionManager.allocate_new_blocks, group_manager
-            )
+    managers = manager.coordinator.single_type_managers
+    borrow_method(managers, CircularBufferManager, "allocate_new_blocks", FullAttentionManager)
 
 
 def _cross_attention_counted_by_decoder_tokens(manager: Any) -> None:
@@ -298,12 +295,9 @@ def _mamba_frees_the_last_state(manager: Any) -> None:
 def _mamba_speculative_blocks_not_counted(manager: Any) -> None:
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager, SingleTypeKVCacheManager
 
-    for group_manager in manager.coordinator.single_type_managers:
-        if isinstance(group_manager, MambaManager):
-            # The count skips MambaManager's override (the speculative blocks), the allocation keeps it.
-            group_manager.get_num_blocks_to_allocate = types.MethodType(
-                SingleTypeKVCacheManager.get_num_blocks_to_allocate, group_manager
-            )
+    # The count skips MambaManager's override (the speculative blocks), the allocation keeps it.
+    managers = manager.coordinator.single_type_managers
+    borrow_method(managers, MambaManager, "get_num_blocks_to_allocate", SingleTypeKVCacheManager)
 
 
 def _mla_looked_up_with_full_attention(manager: Any) -> None:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.config import SLIDING_KINDS
+from kvcheck.config import SLIDING_KINDS, TargetConfig
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -155,23 +155,24 @@ def _window_held(model: ManagerModel, op: Operation) -> bool:
     return False
 
 
-def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
-    """Whether a refused step is admitted without lookahead slots.  A refusal changed nothing but
+def _fits_under(model: ManagerModel, refused: Operation, config: TargetConfig) -> bool:
+    """Whether a refused step is admitted under ``config`` instead.  A refusal changed nothing but
     releasing blocks that left the window, which the step repeats as a no-op, so it is re-run on a
     copy of the model after it (only refusals pay for the copy)."""
-    without = copy.deepcopy(model)
-    without.config = attrs.evolve(model.config, num_lookahead_tokens=0)
-    return bool(without.apply(refused).admitted)
+    other = copy.deepcopy(model)
+    other.config, other.groups = config, config.groups
+    return bool(other.apply(refused).admitted)
+
+
+def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
+    """Whether a refused step is admitted without lookahead slots."""
+    return _fits_under(model, refused, attrs.evolve(model.config, num_lookahead_tokens=0))
 
 
 def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) -> bool:
-    """Whether a refused step is admitted when no Mamba group reserves speculative blocks (re-run on
-    a copy of the model after the refusal, like :func:`_fits_without_lookahead`)."""
-    without = copy.deepcopy(model)
+    """Whether a refused step is admitted when no Mamba group reserves speculative blocks."""
     groups = tuple(attrs.evolve(group, speculative_blocks=0) for group in model.config.groups)
-    without.config = attrs.evolve(model.config, groups=groups)
-    without.groups = groups
-    return bool(without.apply(refused).admitted)
+    return _fits_under(model, refused, attrs.evolve(model.config, groups=groups))
 
 
 def _nulls(model: ManagerModel, op: Operation, *kinds: str) -> int:

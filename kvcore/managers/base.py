@@ -260,3 +260,19 @@ class SingleTypeManager:
             assert self.num_cached_blocks.get(request_id, 0) <= len(table), (
                 f"group {self.group_id} request {request_id!r}: more cached blocks than table entries"
             )
+
+
+class TakesNoHit:
+    """Mixin for a group that never takes part in a prefix hit (its slot of a hit stays empty)."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: AttentionSpec,
+        drop_last: bool = False,
+    ) -> tuple[HitBlocks, int]:
+        return tuple([] for _ in group_ids), 0

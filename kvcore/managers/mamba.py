@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block import KVBlock
-from kvcore.block_pool import BlockPool
-from kvcore.config import AttentionSpec, MambaSpec
-from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager
+from kvcore.config import MambaSpec
+from kvcore.managers.base import SingleTypeManager, TakesNoHit
 
 
-class MambaManager(SingleTypeManager):
+class MambaManager(TakesNoHit, SingleTypeManager):
     """A request keeps the block holding the state of its last computed token, and the blocks after it.
 
     Once ``n`` tokens are computed, the next token reads only token
@@ -30,18 +28,6 @@ class MambaManager(SingleTypeManager):
 
     def _with_speculative_blocks(self, num_tokens: int) -> int:
         return num_tokens + self.spec.num_speculative_blocks * self.block_size
-
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: AttentionSpec,
-        drop_last: bool = False,
-    ) -> tuple[HitBlocks, int]:
-        return tuple([] for _ in group_ids), 0
 
     def num_blocks_to_allocate(
         self,

@@ -5,29 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block import KVBlock
-from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
-from kvcore.config import AttentionSpec
 from kvcore.errors import InvalidArgument
-from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager
+from kvcore.managers.base import SingleTypeManager, TakesNoHit
 from kvcore.request import Request
 
 
-class _UncachedManager(SingleTypeManager):
+class _UncachedManager(TakesNoHit, SingleTypeManager):
     """A group outside the prefix cache: it takes no hit and caches nothing."""
-
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        group_ids: Sequence[int],
-        pool: BlockPool,
-        spec: AttentionSpec,
-        drop_last: bool = False,
-    ) -> tuple[HitBlocks, int]:
-        return tuple([] for _ in group_ids), 0
 
     def add_local_computed_blocks(
         self,
