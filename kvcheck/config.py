@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeGuard
 
 import attrs
@@ -72,15 +73,25 @@ class GroupSpec:
 
     ``speculative_blocks`` (``mamba`` only) is how many blocks past the
     slots every allocation reserves for the states of draft tokens.
+
+    ``block_size`` is the group's own block size, when it differs from the
+    cache's (``None``: the cache's ``block_size``).
     """
 
     kind: str
     window: int | None = None
     speculative_blocks: int = 0
+    block_size: int | None = None
 
     def validate(self, block_size: int, where: str) -> None:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
             raise ConfigError(f"{where}.kind", f"must be one of {', '.join(GROUP_KINDS)}, got {shown(self.kind)}")
+        if self.block_size is not None:
+            if not is_int(self.block_size) or self.block_size < 1:
+                raise ConfigError(f"{where}.block_size", f"must be an integer >= 1, got {shown(self.block_size)}")
+            if self.block_size > MAX_BLOCK_SIZE:
+                raise ConfigError(f"{where}.block_size", above(self.block_size, MAX_BLOCK_SIZE))
+            block_size = self.block_size
         field = f"{where}.speculative_blocks"
         if self.kind != "mamba" and self.speculative_blocks != 0:
             raise ConfigError(field, f"only a mamba group has speculative blocks, got {shown(self.speculative_blocks)}")
@@ -135,12 +146,14 @@ class GroupSpec:
         return range(self.first_attended_token(num_computed_tokens) // block_size)
 
     def describe(self) -> str:
-        """The kind, with its window or speculative blocks: ``sliding_window(4)``, ``mamba(+2 speculative)``."""
+        """The kind, with its window or speculative blocks, and its own block size:
+        ``sliding_window(4)``, ``mamba(+2 speculative)``, ``full/8``."""
+        size = "" if self.block_size is None else f"/{self.block_size}"
         if self.window is not None:
-            return f"{self.kind}({self.window})"
+            return f"{self.kind}({self.window}){size}"
         if self.speculative_blocks:
-            return f"{self.kind}(+{self.speculative_blocks} speculative)"
-        return self.kind
+            return f"{self.kind}(+{self.speculative_blocks} speculative){size}"
+        return self.kind + size
 
     def slot_blocks(self, num_tokens: int, block_size: int) -> int:
         """The table length that gives ``num_tokens`` slots: a block per ``block_size`` slots, and a
@@ -153,6 +166,8 @@ class GroupSpec:
             document["window"] = self.window
         if self.speculative_blocks:
             document["speculative_blocks"] = self.speculative_blocks
+        if self.block_size is not None:
+            document["block_size"] = self.block_size
         return document
 
 
@@ -216,6 +231,42 @@ class TargetConfig:
     watermark: float = 0.0
     enable_kv_cache_events: bool = False
     num_encoder_tokens: int = 0
+    hash_block_size: int | None = None
+
+    def group_block_size(self, group_id: int) -> int:
+        """Group ``group_id``'s block size: its own, or the cache's."""
+        size = self.groups[group_id].block_size
+        return self.block_size if size is None else size
+
+    @property
+    def block_sizes(self) -> tuple[int, ...]:
+        """Every group's block size, in group order."""
+        return tuple(self.group_block_size(g) for g in range(len(self.groups)))
+
+    @property
+    def mixed_block_sizes(self) -> bool:
+        """Whether the groups' block sizes differ."""
+        return len(set(self.block_sizes)) > 1
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The granularity of a prefix hit and of what a hybrid cache caches: the least common multiple
+        of the groups' block sizes (vLLM's scheduler block size)."""
+        return math.lcm(*self.block_sizes)
+
+    @property
+    def hash_size(self) -> int:
+        """The tokens per request block hash: ``hash_block_size`` when given (vLLM's
+        ``prefix_match_unit``); else, with prefix caching and several groups, the greatest common divisor
+        of the block sizes of the groups in the prefix cache; else the scheduler block size."""
+        if self.hash_block_size is not None:
+            return self.hash_block_size
+        if len(self.groups) == 1 or not self.enable_caching:
+            return self.scheduler_block_size
+        cacheable = [
+            self.group_block_size(g) for g, group in enumerate(self.groups) if group.kind not in UNCACHED_KINDS
+        ]
+        return math.gcd(*(cacheable or self.block_sizes))
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -339,13 +390,64 @@ class TargetConfig:
                         f"true with groups[{index}] chunked_local holding the drafter: a chunked-local hit cannot "
                         "drop a block (vLLM 0.33.0 asserts on it)",
                     )
-            if self.drafter_group_ids and self.block_size < self.num_prefill_lookahead:
+            if self.drafter_group_ids and self.scheduler_block_size < self.num_prefill_lookahead:
                 raise ConfigError(
                     "num_prefill_lookahead",
-                    f"{self.num_prefill_lookahead} is above block_size={self.block_size}: with prefix caching a "
-                    "drafter's prefill lookahead must fit in a block (vLLM 0.33.0 refuses it)",
+                    f"{self.num_prefill_lookahead} is above the scheduler block size {self.scheduler_block_size}: "
+                    "with prefix caching a drafter's prefill lookahead must fit in a hit's last block (vLLM 0.33.0 "
+                    "refuses it)",
                 )
+        self._validate_block_sizes()
         return self
+
+    def _validate_block_sizes(self) -> None:
+        """Refuse the hash granularity vLLM 0.33.0 refuses, and what kvcheck does not model of mixed sizes."""
+        hashing = self.hash_block_size
+        if hashing is not None:
+            if not is_int(hashing) or hashing < 1:
+                raise ConfigError("hash_block_size", f"must be an integer >= 1, got {shown(hashing)}")
+            if hashing > MAX_BLOCK_SIZE:
+                raise ConfigError("hash_block_size", above(hashing, MAX_BLOCK_SIZE))
+            if self.scheduler_block_size % hashing:
+                raise ConfigError(
+                    "hash_block_size",
+                    f"{hashing} does not divide the scheduler block size {self.scheduler_block_size} (vLLM 0.33.0 "
+                    "asserts on it)",
+                )
+        if not self.enable_caching:
+            return
+        hashing = self.hash_size
+        for index, group in enumerate(self.groups):
+            size = self.group_block_size(index)
+            if len(self.groups) == 1 and hashing != size:
+                raise ConfigError(
+                    "hash_block_size",
+                    f"{hashing} with one group of block_size {size}: with prefix caching one group's hits land on "
+                    "its blocks (vLLM 0.33.0 refuses it)",
+                )
+            if group.kind not in UNCACHED_KINDS and size % hashing:
+                raise ConfigError(
+                    "hash_block_size",
+                    f"{hashing} does not divide groups[{index}]'s block_size {size}: every group in the prefix cache "
+                    "must hash at a divisor of its block size (vLLM 0.33.0 asserts on it)",
+                )
+            if group.kind == "chunked_local" and len(self.groups) > 1 and size != self.scheduler_block_size:
+                raise ConfigError(
+                    f"groups[{index}].block_size",
+                    f"{size} is not the scheduler block size {self.scheduler_block_size}: chunked-local hits align "
+                    "to its own blocks (vLLM 0.33.0 asserts at the first lookup)",
+                )
+            if group.kind == "ring" and size != hashing:
+                raise ConfigError(
+                    f"groups[{index}].block_size",
+                    f"{size} with prefix caching and hashes of {hashing} tokens: vLLM 0.33.0 enters the ring's scratch "
+                    "block in the prefix cache under a partial key (not modelled)",
+                )
+        if self.mixed_block_sizes and self.drop_group_ids:
+            raise ConfigError(
+                "use_eagle",
+                "true with groups of different block sizes: the EAGLE drop over mixed block sizes is not modelled",
+            )
 
     def describe(self) -> str:
         kinds = ", ".join(group.describe() for group in self.groups)
@@ -373,6 +475,8 @@ class TargetConfig:
             steps += ", KV cache events"
         if self.num_encoder_tokens:
             steps += f", {self.num_encoder_tokens} encoder tokens"
+        if self.hash_size != self.scheduler_block_size or self.mixed_block_sizes:
+            steps += f", hashes of {self.hash_size} tokens, hits of {self.scheduler_block_size}"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -411,4 +515,6 @@ class TargetConfig:
             document["enable_kv_cache_events"] = True
         if self.num_encoder_tokens:
             document["num_encoder_tokens"] = self.num_encoder_tokens
+        if self.hash_block_size is not None:
+            document["hash_block_size"] = self.hash_block_size
         return document

@@ -26,14 +26,23 @@ step.  A third schedule asynchronously (steps in flight), half of those
 with deferred frees.  A drafter either drops a block from hits or (vLLM's
 default with caching) hashes blocks with the tokens after them, and may sit
 in some of the groups only.  Half the runs take the KV cache event stream
-after every step.
+after every step.  One multi-group configuration in three gives some of its
+groups blocks two or three times as large (hybrid models whose layers have
+different page sizes, such as Gemma 4): hits then land on the scheduler
+block size, and full-attention groups with blocks larger than the hashes
+cache a prompt's last hash boundary inside a block (a partial entry).  One
+multi-group configuration with caching in three hashes finer than its
+blocks (vLLM's ``prefix_match_unit``), which brings partial entries too.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
-from kvcheck.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
+import attrs
+
+from kvcheck.config import CACHING_OFF_KINDS, UNCACHED_KINDS, ConfigError, GroupSpec, TargetConfig
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
@@ -131,13 +140,15 @@ def random_config(
     caching: bool | None = None,
     drafter_and_async: bool = True,
     layout: str | None = None,
+    mixed_sizes: bool = True,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
     Without ``drafter_and_async`` the same draws serve a plain model scheduled step by step (no
     drafter, lookahead or async scheduling), to measure what those features cost.  ``layout`` (one
     of :data:`LAYOUTS`) fixes the layout; a shipped layout needing more groups than drawn, or caching
-    off where ``caching`` is on, falls back to ``mixed``."""
+    off where ``caching`` is on, falls back to ``mixed``.  Without ``mixed_sizes`` every group keeps
+    the one block size and hashes are as large as the blocks."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -218,7 +229,7 @@ def random_config(
         return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
     # The KV cache event stream in half the runs.
     enable_kv_cache_events = rng.random() < 1 / 2
-    return TargetConfig(
+    config = TargetConfig(
         num_blocks,
         block_size,
         groups,
@@ -233,3 +244,35 @@ def random_config(
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )
+    return _block_sizes(rng, config) if mixed_sizes else config
+
+
+def _block_sizes(rng: random.Random, config: TargetConfig) -> TargetConfig:
+    """``config`` with, in one multi-group draw in three, some groups' blocks two or three times as
+    large; and in one multi-group draw with caching in three, hashes finer than the blocks.  (Drawn
+    last, so the rest of the configuration is the same draw.)  A draw vLLM would refuse, or kvcheck
+    does not model, keeps the one block size."""
+    if len(config.groups) == 1:
+        return config
+    mixed = rng.random() < 1 / 3
+    factor = rng.choice([2, 2, 3])
+    larger = [rng.random() < 1 / 2 for _ in config.groups]
+    finer = config.enable_caching and rng.random() < 1 / 3
+    groups = config.groups
+    if mixed and not config.drop_group_ids:
+        groups = tuple(
+            attrs.evolve(group, block_size=config.block_size * factor)
+            if large and group.kind not in UNCACHED_KINDS
+            else group
+            for group, large in zip(groups, larger)
+        )
+    candidate = attrs.evolve(config, groups=groups)
+    if finer:
+        cacheable = [size for size, group in zip(candidate.block_sizes, groups) if group.kind not in UNCACHED_KINDS]
+        divisors = [d for d in range(1, math.gcd(*cacheable)) if math.gcd(*cacheable) % d == 0]
+        if divisors:
+            candidate = attrs.evolve(candidate, hash_block_size=rng.choice(divisors))
+    try:
+        return candidate.validate()
+    except ConfigError:
+        return config

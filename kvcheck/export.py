@@ -614,6 +614,12 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
         config = trace.config.validate()
     except ValueError as exc:
         raise ExportError(where, f"its configuration is invalid: {exc}") from None
+    if config.mixed_block_sizes or config.hash_size != config.block_size:
+        raise ExportError(
+            where,
+            f"its groups' block sizes {list(config.block_sizes)} (hashes of {config.hash_size} tokens) are not all one "
+            "size: an exported file speaks of one block size (replay the trace with kvcheck instead)",
+        )
     try:
         recorder = RecordingTarget(config)
         reference = VllmTarget(config)

@@ -23,7 +23,7 @@ from kvcore.block import KVBlock
 from kvcore.blocks_math import ceil_div
 from kvcore.coordinator import HybridCoordinator
 from kvcore.errors import InvalidArgument, OutOfBlocks, UnknownBlock
-from kvcore.events import AllBlocksCleared
+from kvcore.events import AllBlocksCleared, BlockRemoved
 from kvcore.hashing import BlockHash
 from kvcore.managers import (
     ChunkedLocalAttentionManager,
@@ -217,20 +217,13 @@ class _CeilBoundFullManager(FullAttentionManager):
         pool: kvcore.BlockPool,
         spec: kvcore.AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
-        hit: HitBlocks = tuple([] for _ in group_ids)
         # The bug: ceil_div where floor division was meant; a hit may now end
         # past max_length (the num_tokens - 1 cap), e.g. on the last block of
         # a block-aligned prompt.
-        for block_hash in block_hashes[: ceil_div(max_length, spec.block_size)]:
-            cached = pool.get_cached_block(block_hash, group_ids)
-            if cached is None:
-                break
-            for group_blocks, block in zip(hit, cached):
-                group_blocks.append(block)
-        if drop_last:
-            drop_last_block(hit)
-        return hit, len(hit[0]) * spec.block_size
+        rounded_up = ceil_div(max_length, spec.block_size) * spec.block_size
+        return super().find_longest_cache_hit(block_hashes, rounded_up, group_ids, pool, spec, drop_last, alignment)
 
 
 def _move_managers(manager: kvcore.KVCacheManager, cls: type[Any], faulty: type[Any]) -> None:
@@ -263,11 +256,12 @@ class _EagleDropWithoutExtraBlockWindow(SlidingWindowManager):
         pool: kvcore.BlockPool,
         spec: kvcore.AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         # The bug: the run was matched for the window alone, without the extra
         # block a drop needs, then its last block dropped: the hit's window now
         # starts one block early, at a block nobody found cached.
-        hit, _ = super().find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec)
+        hit, _ = super().find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment=alignment)
         if drop_last:
             drop_last_block(hit)
         return hit, len(hit[0]) * spec.block_size
@@ -710,3 +704,35 @@ def plant_sliding_window_mla_managed_as_mla(manager: kvcore.KVCacheManager) -> N
             else sg
             for sg in coordinator.spec_groups
         )
+
+
+# -- block sizes --------------------------------------------------------------------
+
+
+def plant_hits_aligned_to_the_hash_size(manager: kvcore.KVCacheManager) -> None:
+    # The bug: a hybrid cache aligns hits to the hash granularity instead of the scheduler block size;
+    # a hit may then end inside a larger group's block, which the request goes on to write.
+    coordinator = manager.coordinator
+    coordinator.hit_alignment = coordinator.config.hash_block_size
+
+
+def plant_partial_key_outlives_eviction(manager: kvcore.KVCacheManager) -> None:
+    pool = manager.block_pool
+
+    def evict(block: KVBlock) -> None:
+        assert block.block_hash is not None
+        block_hash, group_id = block.block_hash
+        pool.cache.pop(block.block_hash, block.block_id)
+        block.block_hash = None
+        # The bug: the block forgets its partial keys, but the map keeps them (a stale partial entry).
+        pool._more_keys.pop(block.block_id, None)
+        pool.record_event(BlockRemoved((block_hash,), group_id))
+
+    pool._evict = evict  # type: ignore[method-assign]
+
+
+def plant_sliding_window_caches_unreachable_blocks(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            # The bug: every full block is cached, also those no hit on a scheduler-block boundary needs.
+            group_manager.caches_position = lambda position: True  # type: ignore[method-assign]

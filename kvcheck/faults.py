@@ -207,6 +207,24 @@ FAULTS: dict[str, Fault] = {
             "and its hits need every block",
             plants.plant_sliding_window_mla_managed_as_mla,
         ),
+        Fault(
+            "hits-aligned-to-the-hash-size",
+            "a hybrid cache of mixed block sizes aligns hits to the hash size, not the scheduler block size: a "
+            "hit ends inside a larger group's shared block, which the request then writes",
+            plants.plant_hits_aligned_to_the_hash_size,
+        ),
+        Fault(
+            "partial-key-outlives-eviction",
+            "evicting a block drops its own key but leaves the partial key of a prompt boundary inside it in the "
+            "prefix cache, pointing at a block that now holds other tokens",
+            plants.plant_partial_key_outlives_eviction,
+        ),
+        Fault(
+            "sliding-window-caches-unreachable-blocks",
+            "a sliding window whose hits land on boundaries several blocks apart caches every full block, not "
+            "only the window's before each boundary",
+            plants.plant_sliding_window_caches_unreachable_blocks,
+        ),
     )
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -46,6 +46,15 @@ class ClearedEvent:
 CacheEvent = StoredEvent | RemovedEvent | ClearedEvent
 
 
+def block_keys(keys: Iterable[tuple[CacheKey, int]]) -> dict[int, tuple[CacheKey, ...]]:
+    """Each block's keys from (key, block id) pairs: the first given for a block first (its own hash),
+    the rest sorted (an allocator may keep them unordered)."""
+    by_block: dict[int, list[CacheKey]] = {}
+    for key, block_id in keys:
+        by_block.setdefault(block_id, []).append(key)
+    return {block_id: (found[0], *sorted(found[1:])) for block_id, found in by_block.items()}
+
+
 @attrs.frozen
 class Observation:
     """A snapshot of a target after a step.
@@ -53,8 +62,9 @@ class Observation:
     ``free_order`` walks the free queue head to tail by its forward links,
     ``free_order_backward`` tail to head by its backward links.
     ``cache_entries`` lists the prefix-cache map's entries as
-    (group, prefix, block id); ``block_cache_keys`` the key each block itself
-    records.  ``tables`` maps each request holding blocks to its table per
+    (group, prefix, block id); ``block_cache_keys`` the keys each cached block
+    itself records (its hash, then any partial keys, sorted).  ``tables``
+    maps each request holding blocks to its table per
     group (0 is the null block).  ``deferred_frees`` lists the blocks each
     pending deferred free holds (async scheduling with deferred frees), in
     the order the allocator popped them; ``in_flight_reads`` the block ids
@@ -71,7 +81,7 @@ class Observation:
     ref_counts: Mapping[int, int]
     tables: Mapping[str, tuple[tuple[int, ...], ...]]
     cache_entries: frozenset[tuple[int, tuple[int, ...], int]]
-    block_cache_keys: Mapping[int, CacheKey]
+    block_cache_keys: Mapping[int, tuple[CacheKey, ...]]
     deferred_frees: tuple[tuple[int, ...], ...] = ()
     in_flight_reads: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
     events: tuple[CacheEvent, ...] = ()

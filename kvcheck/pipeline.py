@@ -41,7 +41,7 @@ is scheduled only once the oldest output is processed."""
 
 def read_positions(
     groups: tuple[GroupSpec, ...],
-    block_size: int,
+    block_sizes: tuple[int, ...],
     num_computed_tokens: int,
     num_new_tokens: int,
     num_prompt_tokens: int,
@@ -50,10 +50,11 @@ def read_positions(
     """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
     ``num_computed_tokens`` reads or writes (of a request with a ``num_prompt_tokens``-token prompt):
     the attended blocks up to the last new token; an R-SWA group's prompt and window; a ring
-    buffer's block; cross-attention's blocks for the encoder's tokens."""
-    end = -(-(num_computed_tokens + num_new_tokens) // block_size)
+    buffer's block; cross-attention's blocks for the encoder's tokens.  ``block_sizes`` has each
+    group's block size."""
     positions = []
-    for group in groups:
+    for group, block_size in zip(groups, block_sizes, strict=True):
+        end = -(-(num_computed_tokens + num_new_tokens) // block_size)
         if group.kind == "ring":
             positions.append((0,))
         elif group.kind == "cross_attention":

@@ -128,6 +128,15 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
                 # The dropped group's blocks may have been what made the pool tight: a smaller one too.
                 for fewer in range(1, min(MAX_POOL_CUT, config.num_blocks - 2) + 1):
                     yield attrs.evolve(fewer_groups, num_blocks=config.num_blocks - fewer)
+    # One block size, and hashes as large as the blocks.
+    if config.hash_block_size is not None:
+        yield attrs.evolve(config, hash_block_size=None)
+    if config.mixed_block_sizes:
+        yield attrs.evolve(config, groups=tuple(attrs.evolve(group, block_size=None) for group in config.groups))
+    for index, group in enumerate(config.groups):
+        if group.block_size is not None:
+            same = attrs.evolve(group, block_size=None)
+            yield attrs.evolve(config, groups=(*config.groups[:index], same, *config.groups[index + 1 :]))
     for smaller in (4, config.num_blocks // 2, config.num_blocks - 1):
         if 2 <= smaller < config.num_blocks:
             yield attrs.evolve(config, num_blocks=smaller)
@@ -136,8 +145,9 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
         yield attrs.evolve(config, num_encoder_tokens=config.num_encoder_tokens - 1)
     for index, group in enumerate(config.groups):
         if group.window is not None:
-            step = config.block_size if group.kind == "chunked_local" else 1
-            floor = {"chunked_local": config.block_size, "rswa": 1}.get(group.kind, 2)
+            block_size = config.group_block_size(index)
+            step = block_size if group.kind == "chunked_local" else 1
+            floor = {"chunked_local": block_size, "rswa": 1}.get(group.kind, 2)
             for window in (floor, group.window - step):
                 if floor <= window < group.window:
                     smaller_group = attrs.evolve(group, window=window)
@@ -171,6 +181,44 @@ def _request_ids(ops: Ops) -> list[str]:
 
 def _without_request(ops: Ops, request_id: str) -> Ops:
     return tuple(op for op in ops if getattr(op, "request_id", None) != request_id)
+
+
+def _appended(op: Operation) -> tuple[int, ...]:
+    """The tokens a decode step appends (run at the request's last token)."""
+    if isinstance(op, SpecDecode):
+        return (op.sampled_token,) * (min(op.num_accepted_tokens, op.num_draft_tokens) + 1)
+    assert isinstance(op, Schedule)
+    return (op.sampled_token,)
+
+
+def _folded_decodes(ops: Ops) -> Iterator[Ops]:
+    """A request's first decode steps folded into its prompt: the prompt grows by the tokens they
+    appended, the request's first step computes those too, and they are dropped (the most first).
+    A request that only grew a token at a time then reaches the same length in one step."""
+    for add_index, add in enumerate(ops):
+        if not isinstance(add, AddRequest):
+            continue
+        own = [i for i in range(add_index + 1, len(ops)) if getattr(ops[i], "request_id", None) == add.request_id]
+        if not own or not isinstance(ops[own[0]], Schedule):
+            continue
+        first = ops[own[0]]
+        assert isinstance(first, Schedule)
+        run = []
+        for i in own[1:]:
+            op = ops[i]
+            if not isinstance(op, SpecDecode) and not (
+                isinstance(op, Schedule) and op.num_new_tokens == 1 and not op.num_external_tokens
+            ):
+                break
+            run.append(i)
+        for count in range(len(run), 0, -1):
+            folded = run[:count]
+            grown = add.prompt + _appended(first) + sum((_appended(ops[i]) for i in folded[:-1]), ())
+            computed = sum(len(_appended(ops[i])) for i in folded)
+            last = ops[folded[-1]]
+            step = attrs.evolve(first, num_new_tokens=first.num_new_tokens + computed, sampled_token=last.sampled_token)
+            replaced = {add_index: attrs.evolve(add, prompt=grown), own[0]: step}
+            yield tuple(replaced.get(i, op) for i, op in enumerate(ops) if i not in folded)
 
 
 def _merge_request(ops: Ops, gone: str, into: str) -> Ops:
@@ -213,6 +261,27 @@ def shrink(make_target: TargetFactory, failure: Failure, max_attempts: int = 20_
                     index += 1
             size //= 2
         return progress
+
+    def delete_ops_with_blocks() -> bool:
+        """Steps that only grew a request (a block each) dropped with as many blocks of the pool."""
+        size = max(1, len(ops) // 2)
+        while size >= 1:
+            for index in range(len(ops) - size):
+                if attempts >= max_attempts or config.num_blocks - size < 2:
+                    return False
+                smaller = attrs.evolve(config, num_blocks=config.num_blocks - size)
+                if accept(smaller, ops[:index] + ops[index + size :]):
+                    return True
+            size //= 2
+        return False
+
+    def fold_decodes() -> bool:
+        for folded in _folded_decodes(ops):
+            if attempts >= max_attempts:
+                return False
+            if accept(config, folded):
+                return True
+        return False
 
     def drop_requests() -> bool:
         for request_id in _request_ids(ops):
@@ -257,7 +326,7 @@ def shrink(make_target: TargetFactory, failure: Failure, max_attempts: int = 20_
                 return True
         return False
 
-    passes = [delete_ops, drop_requests, simplify_ops, simplify_config]
+    passes = [delete_ops, drop_requests, fold_decodes, delete_ops_with_blocks, simplify_ops, simplify_config]
     while attempts < max_attempts and any([p() for p in passes]):
         pass
     renamed = _rename_requests(ops)

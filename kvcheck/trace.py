@@ -190,6 +190,7 @@ class _Reader:
             "watermark",
             "enable_kv_cache_events",
             "num_encoder_tokens",
+            "hash_block_size",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -208,8 +209,12 @@ class _Reader:
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
             group = self.object(group, field)
-            self.keys(group, {"kind"}, {"window", "speculative_blocks"}, field)
-            groups.append(GroupSpec(group["kind"], group.get("window"), group.get("speculative_blocks", 0)))
+            self.keys(group, {"kind"}, {"window", "speculative_blocks", "block_size"}, field)
+            groups.append(
+                GroupSpec(
+                    group["kind"], group.get("window"), group.get("speculative_blocks", 0), group.get("block_size")
+                )
+            )
         config = TargetConfig(
             raw["num_blocks"],
             raw["block_size"],
@@ -228,6 +233,7 @@ class _Reader:
             raw.get("watermark", 0.0),
             raw.get("enable_kv_cache_events", False),
             raw.get("num_encoder_tokens", 0),
+            raw.get("hash_block_size"),
         )
         try:
             return config.validate()

@@ -338,6 +338,31 @@ def _sliding_window_mla_managed_as_mla(manager: Any) -> None:
         ]
 
 
+
+def _partial_key_outlives_eviction(manager: Any) -> None:
+    pool = manager.block_pool
+
+    def remove_cached_block_hashes(block: Any) -> list[Any]:
+        removed = []
+        if block.block_hash is not None and pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id):
+            removed.append(block.block_hash)
+        # The bug: the block's partial keys are forgotten, not popped from the map.
+        pool.cached_block_hashes_by_block.pop(block.block_id, None)
+        block.reset_hash()
+        return removed
+
+    pool._remove_cached_block_hashes = remove_cached_block_hashes
+
+
+def _sliding_window_caches_unreachable_blocks(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            # The bug: no mask, every full block cached.
+            group_manager.reachable_block_mask = lambda *args, **kwargs: None
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -442,6 +467,17 @@ VLLM_FAULTS: dict[str, Fault] = {
             "sliding-window-mla-managed-as-mla",
             "vLLM's spec registry giving SlidingWindowMLASpec MLA's manager (FullAttentionManager)",
             _sliding_window_mla_managed_as_mla,
+        ),
+        Fault(
+            "partial-key-outlives-eviction",
+            "vLLM BlockPool._remove_cached_block_hashes popping a block's own hash but only forgetting its partial "
+            "keys (left in the map)",
+            _partial_key_outlives_eviction,
+        ),
+        Fault(
+            "sliding-window-caches-unreachable-blocks",
+            "vLLM SlidingWindowManager.reachable_block_mask returning no mask: every full block cached",
+            _sliding_window_caches_unreachable_blocks,
         ),
     )
 }

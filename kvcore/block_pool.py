@@ -35,9 +35,20 @@ class BlockPool:
     :class:`~kvcore.events.AllBlocksCleared`; the managers queue the
     :class:`~kvcore.events.BlockStored` events (they know the tokens).
     :meth:`take_events` hands the queue over.
+
+    A block is cached under one key (its ``block_hash``) and, when a prompt's
+    last hash boundary falls inside it, under that boundary's *partial* key
+    too (:meth:`cache_partial_block`); evicting the block drops every key,
+    its own first.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool, enable_kv_cache_events: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool,
+        enable_kv_cache_events: bool = False,
+        hash_block_size: int | None = None,
+    ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 2:
             raise InvalidArgument("num_blocks", num_blocks, "must be an int >= 2 (block 0 is the null block)")
         self.num_blocks = num_blocks
@@ -47,6 +58,10 @@ class BlockPool:
         self.null_block.is_null = True
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cache = PrefixCacheMap()
+        self.hash_block_size = hash_block_size
+        """The tokens per request block hash (``None``: every group's block size)."""
+        self._more_keys: dict[int, list[BlockHashWithGroup]] = {}
+        """Block id -> the keys it is cached under besides its ``block_hash``, in the order entered."""
         self.enable_kv_cache_events = enable_kv_cache_events
         self._events: list[KVCacheEvent] = []
 
@@ -150,7 +165,8 @@ class BlockPool:
         """Enter full ``blocks`` in the prefix cache under ``hashes`` for ``group_id``.
 
         Null blocks are skipped; a block already cached under its key is left
-        as it is, and one cached under another key moves to the new key.
+        as it is, and one cached under other keys (a partial entry, now that the
+        block is full) loses them for the new key.
         """
         for block, block_hash in zip(blocks, hashes, strict=True):
             if block.is_null:
@@ -162,6 +178,21 @@ class BlockPool:
                 self._evict(block)
             block.block_hash = key
             self.cache.insert(key, block)
+
+    def cache_partial_block(self, block: KVBlock, key: BlockHashWithGroup) -> bool:
+        """Enter ``block`` under the partial key of a hash boundary inside it, beside any key it has.
+
+        Returns whether the entry is new (``False`` for the null block or a
+        key the block is already cached under).
+        """
+        if block.is_null or block.block_hash == key or key in self._more_keys.get(block.block_id, ()):
+            return False
+        if block.block_hash is None:
+            block.block_hash = key
+        else:
+            self._more_keys.setdefault(block.block_id, []).append(key)
+        self.cache.insert(key, block)
+        return True
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache entries of the given blocks.
@@ -184,17 +215,21 @@ class BlockPool:
         if self.free_queue.num_free != self.num_blocks - 1:
             return False
         self.cache.clear()
+        self._more_keys.clear()
         for block in self.blocks:
             block.block_hash = None
         self.record_event(AllBlocksCleared())
         return True
 
     def _evict(self, block: KVBlock) -> None:
+        """Drop every key of the block: its ``block_hash`` first, then the others in the order entered."""
         assert block.block_hash is not None
-        block_hash, group_id = block.block_hash
-        self.cache.pop(block.block_hash, block.block_id)
+        keys = [block.block_hash, *self._more_keys.pop(block.block_id, ())]
         block.block_hash = None
-        self.record_event(BlockRemoved((block_hash,), group_id))
+        for key in keys:
+            self.cache.pop(key, block.block_id)
+            block_hash, group_id = key
+            self.record_event(BlockRemoved((block_hash,), group_id))
 
     # -- KV cache events ------------------------------------------------------
 
@@ -217,6 +252,12 @@ class BlockPool:
     def ref_counts(self) -> dict[int, int]:
         """``ref_cnt`` of every block but the null block."""
         return {block.block_id: block.ref_cnt for block in self.blocks[1:]}
+
+    def block_keys(self, block: KVBlock) -> list[BlockHashWithGroup]:
+        """The keys the block records being cached under: its ``block_hash``, then any partial keys."""
+        if block.block_hash is None:
+            return []
+        return [block.block_hash, *self._more_keys.get(block.block_id, ())]
 
     def cache_entries(self) -> list[tuple[BlockHashWithGroup, int]]:
         """Every prefix-cache entry as (key, block id)."""
@@ -242,3 +283,12 @@ class BlockPool:
                 assert (block.block_hash, block.block_id) in entries, (
                     f"block {block.block_id} has a hash but is not entered under it"
                 )
+            for key in self._more_keys.get(block.block_id, ()):
+                assert block.block_hash is not None, f"block {block.block_id} has partial keys but no hash"
+                assert (key, block.block_id) in entries, f"block {block.block_id} is not entered under a key it has"
+        for key, block in self.cache.items():
+            assert key == block.block_hash or key in self._more_keys.get(block.block_id, ()), (
+                f"block {block.block_id} is entered under a key it does not have"
+            )
+        num_keys = sum(block.block_hash is not None for block in self.blocks) + sum(map(len, self._more_keys.values()))
+        assert num_keys == len(entries), f"{len(entries)} cache entries but blocks have {num_keys} keys"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -186,9 +187,11 @@ def _groups(instance: object, attribute: attrs.Attribute[Any], value: tuple[Any,
     for index, spec in enumerate(value):
         if not isinstance(spec, ATTENTION_SPECS):
             raise InvalidConfig(f"groups[{index}]", spec, "must be an attention spec")
-    block_sizes = {spec.block_size for spec in value}
-    if len(block_sizes) != 1:
-        raise InvalidConfig("groups", value, f"all groups must share one block_size, got {sorted(block_sizes)}")
+
+
+def _optional_block_size(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        _positive_int(instance, attribute, value)
 
 
 def _num_blocks(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -211,8 +214,16 @@ class KVCacheConfig:
     """One KV cache: a pool of ``num_blocks`` blocks shared by every group.
 
     ``groups`` holds one attention spec per KV-cache group (layers of one
-    attention type); with more than one group the cache is *hybrid*.  All
-    groups share one block size.  ``max_model_len`` bounds the token slots of
+    attention type); with more than one group the cache is *hybrid*.  Groups
+    may differ in block size: ``scheduler_block_size`` (default: the least
+    common multiple of the groups' block sizes) is the granularity of a
+    prefix hit and of what a hybrid cache caches, ``hash_block_size``
+    (default: with caching and several groups, the greatest common divisor of
+    the sizes of the groups in the prefix cache; else the scheduler block
+    size) that of a request's block hashes, which a group views at its own
+    block size.  A full-attention group whose blocks are larger than the
+    hash granularity also caches the prompt's last hash boundary inside a
+    block (a *partial* entry), as vLLM 0.33.0 does.  ``max_model_len`` bounds the token slots of
     a request (``None``: no bound).  ``use_eagle`` serves an EAGLE/MTP drafter:
     a prefix hit drops its last matched block (see :mod:`kvcore.coordinator`)
     in the groups that hold the drafter's layers, ``eagle_group_ids`` (all
@@ -232,6 +243,7 @@ class KVCacheConfig:
 
     Cross-attention and Mamba groups have no prefix cache, so they need caching off;
     with caching on, a hybrid cache needs a group that is not a ring buffer.
+    The block sizes vLLM 0.33.0's manager refuses are refused by field.
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
@@ -244,8 +256,16 @@ class KVCacheConfig:
     watermark: float = attrs.field(default=0.0)
     max_in_flight_tokens: int | None = attrs.field(default=None)
     enable_kv_cache_events: bool = attrs.field(default=False, validator=_boolean)
+    scheduler_block_size: int = attrs.field(default=None, validator=_optional_block_size)
+    hash_block_size: int = attrs.field(default=None, validator=_optional_block_size)
 
     def __attrs_post_init__(self) -> None:
+        # The sizes an engine resolves when they are not given (vLLM 0.33.0's resolve_kv_cache_block_sizes).
+        if self.scheduler_block_size is None:
+            object.__setattr__(self, "scheduler_block_size", default_scheduler_block_size(self.groups))
+        if self.hash_block_size is None:
+            object.__setattr__(self, "hash_block_size", default_hash_block_size(self.groups, self.enable_caching))
+        self._check_block_sizes()
         for index, group_id in enumerate(self.eagle_group_ids):
             if not isinstance(group_id, int) or isinstance(group_id, bool) or not 0 <= group_id < len(self.groups):
                 raise InvalidConfig(
@@ -287,12 +307,52 @@ class KVCacheConfig:
                 raise InvalidConfig(
                     "groups", self.groups, "with prefix caching, a hybrid cache needs a group that takes part in it"
                 )
-            if self.drafter_group_ids and self.block_size < lookahead:
+            if self.drafter_group_ids and self.scheduler_block_size < lookahead:
                 raise InvalidConfig(
                     "num_prefill_lookahead",
                     lookahead,
-                    f"a drafter with prefix caching needs block_size (={self.block_size}) >= its prefill lookahead",
+                    f"a drafter with prefix caching needs scheduler_block_size (={self.scheduler_block_size}) >= "
+                    "its prefill lookahead",
                 )
+
+    def _check_block_sizes(self) -> None:
+        """Refuse the block sizes vLLM 0.33.0's manager refuses (it asserts on each)."""
+        scheduler, hashing = self.scheduler_block_size, self.hash_block_size
+        sizes = [spec.block_size for spec in self.groups]
+        if scheduler % hashing or any(scheduler % size for size in sizes):
+            raise InvalidConfig(
+                "scheduler_block_size",
+                scheduler,
+                f"must be a multiple of hash_block_size (={hashing}) and of every group's block_size {sizes}",
+            )
+        if not self.enable_caching:
+            return
+        if len(self.groups) == 1:
+            if hashing != sizes[0]:
+                raise InvalidConfig(
+                    "hash_block_size", hashing, f"one group with prefix caching hashes at its block_size (={sizes[0]})"
+                )
+            return
+        for index, spec in enumerate(self.groups):
+            if is_prefix_cacheable(spec) and spec.block_size % hashing:
+                raise InvalidConfig(
+                    "hash_block_size",
+                    hashing,
+                    f"must divide the block_size of every group in the prefix cache; groups[{index}] has "
+                    f"{spec.block_size}",
+                )
+            if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler:
+                raise InvalidConfig(
+                    f"groups[{index}].block_size",
+                    spec.block_size,
+                    f"chunked local attention in a hybrid prefix cache needs the scheduler_block_size "
+                    f"(={scheduler}) (vLLM 0.33.0 asserts at its first lookup)",
+                )
+
+    @property
+    def mixed_block_sizes(self) -> bool:
+        """Whether the groups' block sizes differ."""
+        return len({spec.block_size for spec in self.groups}) > 1
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -318,4 +378,23 @@ class KVCacheConfig:
 
     @property
     def block_size(self) -> int:
+        """Group 0's block size (every group's, unless :attr:`mixed_block_sizes`)."""
         return self.groups[0].block_size
+
+
+def default_scheduler_block_size(groups: tuple[AttentionSpec, ...]) -> int:
+    """The scheduling granularity an engine picks: the least common multiple of the groups' block sizes."""
+    return math.lcm(*(spec.block_size for spec in groups))
+
+
+def default_hash_block_size(groups: tuple[AttentionSpec, ...], enable_caching: bool) -> int:
+    """The hashing granularity an engine picks: with prefix caching and several groups, the greatest
+    common divisor of the block sizes of the groups in the prefix cache; otherwise the scheduler block
+    size (also with a Mamba group, outside its align mode)."""
+    scheduler = default_scheduler_block_size(groups)
+    if len(groups) == 1 or not enable_caching or any(isinstance(spec, MambaSpec) for spec in groups):
+        return scheduler
+    cacheable = [spec.block_size for spec in groups if is_prefix_cacheable(spec)] or [
+        spec.block_size for spec in groups
+    ]
+    return math.gcd(*cacheable)

@@ -24,11 +24,17 @@ class KVCacheCoordinator:
 
     def __init__(self, config: KVCacheConfig, enable_caching: bool) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_blocks, enable_caching, config.enable_kv_cache_events)
+        self.pool = BlockPool(
+            config.num_blocks, enable_caching, config.enable_kv_cache_events, hash_block_size=config.hash_block_size
+        )
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
             for group_id, spec in enumerate(config.groups)
         )
+        self.hit_alignment = config.scheduler_block_size
+        """Hits are a multiple of this many tokens: the scheduler block size."""
+        for manager in self.managers:
+            manager.hit_alignment = config.scheduler_block_size
         if config.max_in_flight_tokens is not None:
             for manager in self.managers:
                 manager.max_admission_blocks = manager.admission_cap(config.max_in_flight_tokens, config.max_model_len)
@@ -179,6 +185,8 @@ class HybridCoordinator(KVCacheCoordinator):
         self.spec_groups = tuple(spec_groups)
         # A group drops if any group sharing its spec holds the drafter.
         self.dropping_group_ids = frozenset(g for sg in self.spec_groups if sg.drops for g in sg.group_ids)
+        for group_id in self.dropping_group_ids:
+            self.managers[group_id].drops_hits = True
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
         """The longest prefix every group accepts, found by a fixed-point iteration.
@@ -203,7 +211,8 @@ class HybridCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVBlock] | None] = [None] * num_groups
         hit_lengths = [0] * num_groups
         one_pass = len(self.spec_groups) == 2 and is_full_attention(self.spec_groups[0].spec)
-        hashed_tokens = len(block_hashes) * self.config.block_size
+        hashed_tokens = len(block_hashes) * self.config.hash_block_size
+        alignment = self.hit_alignment
         verified: set[int] = set()
         hit_length = max_length
         while True:
@@ -216,7 +225,13 @@ class HybridCoordinator(KVCacheCoordinator):
                 drop = spec_group.drops and index not in verified
                 lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if drop else candidate
                 blocks, found = spec_group.manager_class.find_longest_cache_hit(
-                    block_hashes, lookup_length, spec_group.group_ids, self.pool, spec_group.spec, drop_last=drop
+                    block_hashes,
+                    lookup_length,
+                    spec_group.group_ids,
+                    self.pool,
+                    spec_group.spec,
+                    drop_last=drop,
+                    alignment=alignment,
                 )
                 if drop:
                     verified.add(index)
@@ -241,13 +256,14 @@ class HybridCoordinator(KVCacheCoordinator):
         return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length
 
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
-        """A hybrid cache caches whole blocks; only a group that drops keeps the tokens a multi-module
-        drafter may prefill again out of the cache (with one more block: its lookups peek past the hit)."""
-        block_size = self.config.block_size
-        aligned = num_tokens // block_size * block_size
+        """A hybrid cache caches up to a hit boundary (a multiple of the scheduler block size); only a
+        group that drops keeps the tokens a multi-module drafter may prefill again out of the cache
+        (with one more of its blocks: its lookups peek past the hit)."""
+        alignment = self.config.scheduler_block_size
+        aligned = num_tokens // alignment * alignment
         if group_id in self.dropping_group_ids and aligned > 0:
             finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
-            return min(finalized, finalized // block_size * block_size + block_size)
+            return min(finalized, finalized // alignment * alignment + self.managers[group_id].block_size)
         return aligned
 
 

@@ -53,7 +53,7 @@ class KVCacheManager:
         if not self.enable_caching:
             return tuple([] for _ in range(self.num_groups)), 0
         # Nor past the hashed blocks (hashes that look ahead end before the tokens do).
-        max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.config.block_size)
+        max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.config.hash_block_size)
         return self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
 
     def allocate_slots(

@@ -55,9 +55,9 @@ class PrefixCacheMap:
                 yield key, block
 
     def check_invariants(self) -> None:
-        """Every entry points to a block whose hash is its key; no key is empty."""
+        """Every entry points to the block it is filed under; no key is empty.  (That the key is one of
+        the block's own is the pool's to check: a block may have a partial key besides its hash.)"""
         for key, blocks in self._entries.items():
             assert blocks, f"key {key!r} has no blocks"
             for block_id, block in blocks.items():
                 assert block.block_id == block_id, f"entry {block_id} holds block {block.block_id}"
-                assert block.block_hash == key, f"block {block_id} is entered under a key that is not its hash"

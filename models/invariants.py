@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import attrs
 
-from kvcheck.config import UNCACHED_KINDS, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
 from kvcheck.models.manager_model import ceil_div
 from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, Schedule, StepResult, describe_op
@@ -168,7 +168,7 @@ def cache_map_consistent(check: StepCheck) -> None:
     Guards: a reused block keeping its stale hash; eviction that clears the
     block but not the map entry (or the reverse)."""
     from_map = {(g, prefix, b) for g, prefix, b in check.sut.cache_entries}
-    from_blocks = {(g, prefix, b) for b, (g, prefix) in check.sut.block_cache_keys.items()}
+    from_blocks = {(g, prefix, b) for b, keys in check.sut.block_cache_keys.items() for g, prefix in keys}
     if from_map != from_blocks:
         stale = sorted(from_map - from_blocks, key=repr)[:3]
         missing = sorted(from_blocks - from_map, key=repr)[:3]
@@ -177,16 +177,22 @@ def cache_map_consistent(check: StepCheck) -> None:
             "cache_map_consistent",
             f"map entries without a matching block hash: {stale}; hashed blocks missing from the map: {missing}",
         )
-    block_size = check.config.block_size
-    lookahead = check.config.num_hash_lookahead_tokens
+    config = check.config
+    lookahead = config.num_hash_lookahead_tokens
+    hash_size = config.hash_size
     for group_id, prefix, block_id in sorted(from_map, key=repr):
-        if len(prefix) <= lookahead or (len(prefix) - lookahead) % block_size:
-            covered = f" and the {lookahead} tokens after them" if lookahead else ""
+        covered = len(prefix) - lookahead
+        block_size = config.group_block_size(group_id)
+        # A partial key (a full-attention group's, blocks larger than the hashes) ends on a hash boundary.
+        partial = config.groups[group_id].kind in FULL_HIT_KINDS and hash_size != block_size
+        unit = hash_size if partial else block_size
+        if covered <= 0 or covered % unit:
+            after = f" and the {lookahead} tokens after them" if lookahead else ""
+            whole = f"whole {unit}-token {'hashes' if partial else 'blocks'}"
             _fail(
                 check,
                 "cache_map_consistent",
-                f"block {block_id} (group {group_id}) is cached under a "
-                f"{len(prefix)}-token prefix, not whole {block_size}-token blocks{covered}",
+                f"block {block_id} (group {group_id}) is cached under a {len(prefix)}-token prefix, not {whole}{after}",
             )
 
 
@@ -241,14 +247,20 @@ def events_match_cache(check: StepCheck) -> None:
 
 
 def _check_stored_event(check: StepCheck, index: int, event: StoredEvent) -> None:
-    block_size = check.config.block_size
-    lookahead = check.config.num_hash_lookahead_tokens
+    config = check.config
+    group_block_size = config.group_block_size(event.group)
+    lookahead = config.num_hash_lookahead_tokens
 
     def bad(detail: str) -> None:
         _fail(check, "events_match_cache", f"stored event {index} (group {event.group}) {detail}")
 
-    if event.block_size != block_size:
-        bad(f"says blocks of {event.block_size} tokens, not {block_size}")
+    # A partial entry's store speaks of the one hash unit ending at its boundary.
+    sizes = {group_block_size}
+    if config.groups[event.group].kind in FULL_HIT_KINDS:
+        sizes.add(config.hash_size)
+    if event.block_size not in sizes:
+        bad(f"says blocks of {event.block_size} tokens, not {' or '.join(map(str, sorted(sizes)))}")
+    block_size = event.block_size
     if len(event.token_ids) % block_size or not event.token_ids:
         bad(f"covers {len(event.token_ids)} tokens, not a positive number of whole blocks")
     start = 0
@@ -288,11 +300,11 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
     if not check.sut_result.admitted or num_slots is None:
         return
     request_id = getattr(check.op, "request_id", None)
-    block_size = check.config.block_size
     tables = check.sut.tables.get(request_id, tuple(() for _ in check.config.groups))
     for group_id, table in enumerate(tables):
         if check.config.groups[group_id].kind in UNCACHED_KINDS:
             continue  # sized by ring_holds_one_block and cross_attention_holds_encoder_blocks
+        block_size = check.config.group_block_size(group_id)
         if len(table) * block_size < num_slots:
             _fail(
                 check,
@@ -350,8 +362,8 @@ def cross_attention_holds_encoder_blocks(check: StepCheck) -> None:
     Guards: cross-attention sized by the decoder's tokens; encoder blocks
     allocated again on a later step or lost on preemption (the target's own
     state, checked without the model)."""
-    size = ceil_div(check.config.num_encoder_tokens, check.config.block_size)
     for rid, group_id, table in _tables_of_kind(check, "cross_attention"):
+        size = ceil_div(check.config.num_encoder_tokens, check.config.group_block_size(group_id))
         _uncached_table(check, "cross_attention_holds_encoder_blocks", rid, group_id, table, size)
 
 
@@ -362,8 +374,8 @@ def rswa_keeps_the_prompt(check: StepCheck) -> None:
     Guards: a gap that starts inside the prompt's last (partial) block; a
     gap freed again after new blocks were added past it (the target's own
     state, with its requests' prompt lengths, checked without the model)."""
-    block_size = check.config.block_size
     for rid, group_id, table in _tables_of_kind(check, "rswa"):
+        block_size = check.config.group_block_size(group_id)
         prompt_blocks = ceil_div(check.sut.prompt_lengths.get(rid, 0), block_size)
         nulls = [p for p, b in enumerate(table) if b == 0]
         if any(p < prompt_blocks for p in nulls):

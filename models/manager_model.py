@@ -6,7 +6,7 @@ import attrs
 
 from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
 from kvcheck.models.pool_model import NULL, PoolModel
-from kvcheck.observation import CacheEvent, Observation, StoredEvent
+from kvcheck.observation import CacheEvent, Observation, StoredEvent, block_keys
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -81,6 +81,9 @@ class ManagerModel:
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
         self.block_size = config.block_size
+        self.block_sizes = config.block_sizes
+        self.hash_size = config.hash_size
+        self.alignment = config.scheduler_block_size
         self.groups = config.groups
         self.events: list[CacheEvent] | None = [] if config.enable_kv_cache_events else None
         self.pool = PoolModel(config.num_blocks, config.enable_caching, self.events)
@@ -88,8 +91,10 @@ class ManagerModel:
         self.num_cached: dict[tuple[str, int], int] = {}
         self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
-        self.dropping_specs = frozenset(config.groups[g] for g in config.drop_group_ids)
-        self.dropping_group_ids = frozenset(g for g, spec in enumerate(config.groups) if spec in self.dropping_specs)
+        # Groups of one spec (kind, reach and block size) are looked up together.
+        self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
+        self.dropping_specs = frozenset(self.specs[g] for g in config.drop_group_ids)
+        self.dropping_group_ids = frozenset(g for g, spec in enumerate(self.specs) if spec in self.dropping_specs)
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -97,15 +102,23 @@ class ManagerModel:
     def table(self, request_id: str, group_id: int) -> list[int]:
         return self.pool.holders.setdefault((request_id, group_id), [])
 
-    def prefix(self, request_id: str, block_position: int) -> tuple[int, ...]:
-        """The block's cache key: the tokens up to its end, and the lookahead tokens its hash covers."""
-        end = (block_position + 1) * self.block_size + self.config.num_hash_lookahead_tokens
-        return tuple(self.requests[request_id].tokens[:end])
+    def prefix(self, request_id: str, block_position: int, group_id: int = 0) -> tuple[int, ...]:
+        """The cache key of the block at ``block_position`` of group ``group_id``'s table: the tokens up
+        to its end, and the lookahead tokens its hash covers."""
+        return self.prefix_to(request_id, (block_position + 1) * self.block_sizes[group_id])
 
-    def num_hashed_blocks(self, request_id: str) -> int:
-        """Blocks the request has a hash for: full blocks followed by the lookahead tokens their hash covers."""
+    def prefix_to(self, request_id: str, num_tokens: int) -> tuple[int, ...]:
+        """The cache key of a hash boundary after ``num_tokens`` tokens (and the lookahead it covers)."""
+        return tuple(self.requests[request_id].tokens[: num_tokens + self.config.num_hash_lookahead_tokens])
+
+    def num_hashed_tokens(self, request_id: str) -> int:
+        """Tokens the request has hashes for: whole hash units followed by the lookahead tokens a hash covers."""
         num_tokens = len(self.requests[request_id].tokens) - self.config.num_hash_lookahead_tokens
-        return max(0, num_tokens // self.block_size)
+        return max(0, num_tokens // self.hash_size) * self.hash_size
+
+    def num_hashed_blocks(self, request_id: str, group_id: int = 0) -> int:
+        """Blocks of group ``group_id`` the request has a hash for."""
+        return self.num_hashed_tokens(request_id) // self.block_sizes[group_id]
 
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
         """The longest block-aligned prefix, below the last token, that every group finds cached.
@@ -116,35 +129,43 @@ class ManagerModel:
         if all(group.kind in UNCACHED_KINDS for group in self.groups):
             return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
         dropping = self.config.drop_group_ids
-        hit_blocks = self.eagle_hit_blocks(request_id) if dropping else self.plain_hit_blocks(request_id)
+        # The EAGLE drop is modelled over one block size (TargetConfig refuses it over mixed ones).
+        hit_tokens = (
+            self.eagle_hit_blocks(request_id) * self.block_size if dropping else self.plain_hit_tokens(request_id)
+        )
         found = []
         for group_id, group in enumerate(self.groups):
-            needed = needed_positions(group, hit_blocks, self.block_size)
-            blocks = [self.pool.lookup((group_id, self.prefix(request_id, p))) for p in needed]
+            block_size = self.block_sizes[group_id]
+            needed = needed_positions(group, hit_tokens // block_size, block_size)
+            blocks = [self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) for p in needed]
             assert None not in blocks
             found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
-        return hit_blocks * self.block_size, tuple(found)
+        return hit_tokens, tuple(found)
 
     def decode_ready(self) -> list[str]:
         """Running requests whose every token but the last is computed: a speculative step may run."""
         return sorted(r for r, m in self.requests.items() if m.running and m.num_computed_tokens == len(m.tokens) - 1)
 
-    def plain_hit_blocks(self, request_id: str) -> int:
-        """The longest hit, in blocks, below the last token, that every group accepts (no drafter)."""
+    def plain_hit_tokens(self, request_id: str) -> int:
+        """The longest hit, in tokens, below the last token and on the scheduler block size, that every
+        group accepts (no drafter)."""
         num_tokens = len(self.requests[request_id].tokens)
+        align = self.alignment
+        top = min(num_tokens - 1, self.num_hashed_tokens(request_id)) // align
         return next(
-            h
-            for h in range(min((num_tokens - 1) // self.block_size, self.num_hashed_blocks(request_id)), -1, -1)
-            if all(self.accepts(request_id, g, h) for g in range(len(self.groups)))
+            h * align
+            for h in range(top, -1, -1)
+            if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in range(len(self.groups)))
         )
 
     def accepts(self, request_id: str, group_id: int, hit_blocks: int, peek: bool = False) -> bool:
-        """Group ``group_id`` finds cached what a hit of ``hit_blocks`` blocks needs; with ``peek``, the
-        block right after the boundary too (an EAGLE drafter's look at the next block)."""
-        positions = list(needed_positions(self.groups[group_id], hit_blocks, self.block_size))
+        """Group ``group_id`` finds cached what a hit of ``hit_blocks`` of its blocks needs; with ``peek``,
+        the block right after the boundary too (an EAGLE drafter's look at the next block)."""
+        block_size = self.block_sizes[group_id]
+        positions = list(needed_positions(self.groups[group_id], hit_blocks, block_size))
         if peek:
             positions.append(hit_blocks)
-        return all(self.pool.lookup((group_id, self.prefix(request_id, p))) is not None for p in positions)
+        return all(self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) is not None for p in positions)
 
     def eagle_hit_blocks(self, request_id: str) -> int:
         """The hit, in blocks, for an EAGLE drafter, as vLLM 0.33.0 finds it.
@@ -166,7 +187,7 @@ class ManagerModel:
             return self._longest_accepted(request_id, [0], capped_blocks, peek=True)
         full_blocks = self.num_hashed_blocks(request_id)
         spec_groups: dict[GroupSpec, list[int]] = {}
-        for group_id, group in enumerate(self.groups):
+        for group_id, group in enumerate(self.specs):
             if group.kind not in UNCACHED_KINDS:
                 spec_groups.setdefault(group, []).append(group_id)
         order = sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
@@ -215,8 +236,8 @@ class ManagerModel:
             num_free=len(self.pool.free_order),
             ref_counts=self.pool.ref_counts(),
             tables=tables,
-            cache_entries=frozenset((g, prefix, b) for b, (g, prefix) in self.pool.cache.items()),
-            block_cache_keys=dict(self.pool.cache),
+            cache_entries=frozenset((g, prefix, b) for (g, prefix), b in self.pool.entries()),
+            block_cache_keys=block_keys(self.pool.entries()),
             deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
             events=tuple(self.events or ()),
             prompt_lengths={rid: request.num_prompt_tokens for rid, request in self.requests.items()},
@@ -347,7 +368,7 @@ class ManagerModel:
             for group_id, group in enumerate(self.groups):
                 if group.kind in UNCACHED_KINDS:
                     continue
-                num_skipped = skipped_tokens(group, total_computed) // self.block_size
+                num_skipped = skipped_tokens(group, total_computed) // self.block_sizes[group_id]
                 kept_hits = list(hit_ids[group_id][num_skipped:])
                 self.pool.touch(kept_hits)
                 table = self.table(rid, group_id)
@@ -372,20 +393,21 @@ class ManagerModel:
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
                 continue
-            required = group.slot_blocks(num_tokens, self.block_size)
-            limit = self._admission_cap(group) if cap else None
+            block_size = self.block_sizes[group_id]
+            required = group.slot_blocks(num_tokens, block_size)
+            limit = self._admission_cap(group, block_size) if cap else None
             if limit is not None:
                 required = min(required, limit)
             length_before_growth = len(self.table(rid, group_id))
             if waiting:
-                num_skipped = skipped_tokens(group, total_computed) // self.block_size
+                num_skipped = skipped_tokens(group, total_computed) // block_size
                 kept_hits = hit_ids[group_id][num_skipped:]
                 taken += sum(1 for b in kept_hits if b in self.pool.free_order)
                 length_before_growth = max(num_skipped, len(hit_ids[group_id]))
             taken += max(0, required - length_before_growth)
         return taken
 
-    def _admission_cap(self, group: GroupSpec) -> int | None:
+    def _admission_cap(self, group: GroupSpec, block_size: int) -> int | None:
         """Blocks a request of ``group`` holds at once with the configured tokens in flight (``None``:
         no cap): a window's last ``W - 1`` tokens, or a chunk, plus the tokens in flight (a window one
         block more, as it may start inside a block)."""
@@ -393,8 +415,8 @@ class ManagerModel:
         if in_flight is None or group.kind not in (*SLIDING_KINDS, "chunked_local"):
             return None
         if group.kind in SLIDING_KINDS:
-            return ceil_div(group.window - 1 + in_flight, self.block_size) + 1
-        return ceil_div(group.window + in_flight, self.block_size)
+            return ceil_div(group.window - 1 + in_flight, block_size) + 1
+        return ceil_div(group.window + in_flight, block_size)
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """The last token and the drafts get slots (plus lookahead); rejected drafts are rolled back
@@ -427,18 +449,19 @@ class ManagerModel:
         scheduled from waiting (none more after); a block per ``block_size`` slots otherwise, and a
         Mamba group's speculative blocks past them."""
         group = self.groups[group_id]
+        block_size = self.block_sizes[group_id]
         if group.kind == "ring":
             return 1
         if group.kind == "cross_attention":
-            return ceil_div(self.config.num_encoder_tokens, self.block_size) if self.requests[rid].waiting else 0
-        return group.slot_blocks(num_tokens, self.block_size)
+            return ceil_div(self.config.num_encoder_tokens, block_size) if self.requests[rid].waiting else 0
+        return group.slot_blocks(num_tokens, block_size)
 
     def _grow(self, rid: str, group_id: int, num_tokens: int, loaded: bool = False) -> list[int]:
         """Grow the table to give ``num_tokens`` slots; ``loaded``: blocks for tokens an external
         connector loads, which take a block per ``block_size`` tokens in every kind but a ring."""
         table = self.table(rid, group_id)
         wanted = (
-            ceil_div(num_tokens, self.block_size)
+            ceil_div(num_tokens, self.block_sizes[group_id])
             if loaded and self.groups[group_id].kind != "ring"
             else self._slot_blocks(rid, group_id, num_tokens)
         )
@@ -451,7 +474,7 @@ class ManagerModel:
         if not table:
             return
         released_range = self.groups[group_id].released_blocks(
-            total_computed, self.requests[rid].num_prompt_tokens, self.block_size
+            total_computed, self.requests[rid].num_prompt_tokens, self.block_sizes[group_id]
         )
         end = min(released_range.stop, len(table))
         released: list[int] = []
@@ -467,16 +490,25 @@ class ManagerModel:
 
         Never a block without a hash, nor (with one group, or in a group that
         drops) the last tokens a multi-module drafter may prefill again; a
-        hybrid cache caches whole blocks, and a group that drops one block
-        more than the finalized ones (its lookups peek past the hit)."""
-        block_size = self.block_size
+        hybrid cache caches up to a hit boundary (a multiple of the scheduler
+        block size), and a group that drops one of its blocks more than the
+        finalized ones (its lookups peek past the hit)."""
+        return min(
+            self._cacheable_tokens(group_id, num_tokens) // self.block_sizes[group_id],
+            self.num_hashed_blocks(rid, group_id),
+        )
+
+    def _cacheable_tokens(self, group_id: int, num_tokens: int) -> int:
+        """The tokens group ``group_id`` may cache once ``num_tokens`` are computed (see
+        :meth:`_cacheable_blocks`)."""
         reprefillable = self.config.num_reprefillable_tokens
         if len(self.groups) == 1:
-            num_tokens = max(0, num_tokens - reprefillable)
-        elif group_id in self.dropping_group_ids and num_tokens >= block_size:
+            return max(0, num_tokens - reprefillable)
+        align = self.alignment
+        if group_id in self.dropping_group_ids and num_tokens >= align:
             finalized = max(0, num_tokens - reprefillable)
-            num_tokens = min(finalized, finalized // block_size * block_size + block_size)
-        return min(num_tokens // block_size, self.num_hashed_blocks(rid))
+            return min(finalized, finalized // align * align + self.block_sizes[group_id])
+        return num_tokens // align * align
 
     def _cache_full_blocks(self, rid: str, num_tokens: int) -> None:
         for group_id, group in enumerate(self.groups):
@@ -486,23 +518,71 @@ class ManagerModel:
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
             for position in range(start, num_full):
-                self.pool.cache_block(table[position], (group_id, self.prefix(rid, position)))
+                if self._caches_position(group_id, position):
+                    self.pool.cache_block(table[position], (group_id, self.prefix(rid, position, group_id)))
             self.num_cached[(rid, group_id)] = max(start, num_full)
             if self.events is not None and start < num_full:
                 self.events.append(self._stored_event(rid, group_id, start, num_full))
+            if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
+                self._cache_partial_tail(rid, group_id, self._cacheable_tokens(group_id, num_tokens))
+
+    def _caches_position(self, group_id: int, position: int) -> bool:
+        """Whether group ``group_id`` caches its full block at ``position``: a sliding window whose hits
+        land on boundaries several of its blocks apart caches only the blocks a hit there needs, the
+        window's (and the EAGLE peek's) before each boundary."""
+        group = self.groups[group_id]
+        if group.kind not in SLIDING_KINDS:
+            return True
+        assert group.window is not None
+        block_size = self.block_sizes[group_id]
+        per_boundary = self.alignment // block_size
+        drops = group_id in self.dropping_group_ids
+        needed = ceil_div(group.window - 1, block_size) + drops
+        # The window's blocks before boundary k * per_boundary (shifted one on for the peek).
+        return needed >= per_boundary or (
+            position >= drops and (position - drops) % per_boundary >= per_boundary - needed
+        )
+
+    def _cache_partial_tail(self, rid: str, group_id: int, num_tokens: int) -> None:
+        """A full-attention group with blocks larger than the hashes also caches the prompt's last hash
+        boundary a later request can hit up to (its last token's, in a group that drops; the one before
+        it otherwise) when it falls inside a block and its tokens are cacheable: that block gets the
+        boundary's key beside any it has."""
+        request = self.requests[rid]
+        hash_size, block_size = self.hash_size, self.block_sizes[group_id]
+        limit = request.num_prompt_tokens if group_id in self.dropping_group_ids else request.num_prompt_tokens - 1
+        boundary = min(limit // hash_size * hash_size, self.num_hashed_tokens(rid))
+        table = self.table(rid, group_id)
+        if not 0 < boundary <= num_tokens or boundary % block_size == 0 or boundary // block_size >= len(table):
+            return
+        key = (group_id, self.prefix_to(rid, boundary))
+        if not self.pool.add_key(table[boundary // block_size], key) or self.events is None:
+            return
+        tokens = request.tokens
+        lookahead = self.config.num_hash_lookahead_tokens
+        self.events.append(
+            StoredEvent(
+                group=group_id,
+                prefixes=(key[1],),
+                parent=self.prefix_to(rid, boundary - hash_size) if boundary > hash_size else None,
+                token_ids=tuple(tokens[boundary - hash_size : boundary]),
+                block_size=hash_size,
+                lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
+            )
+        )
 
     def _stored_event(self, rid: str, group_id: int, start: int, end: int) -> StoredEvent:
         """The event of caching positions ``start`` to ``end`` of a table: every entry but the null
         blocks', after the prefix before ``start``, with the tokens of every position."""
         tokens = self.requests[rid].tokens
         table = self.table(rid, group_id)
-        entered = [p for p in range(start, end) if table[p] != NULL]
+        entered = [p for p in range(start, end) if table[p] != NULL and self._caches_position(group_id, p)]
         lookahead = self.config.num_hash_lookahead_tokens
-        block_size = self.block_size
+        block_size = self.block_sizes[group_id]
         return StoredEvent(
             group=group_id,
-            prefixes=tuple(self.prefix(rid, p) for p in entered),
-            parent=self.prefix(rid, start - 1) if start else None,
+            prefixes=tuple(self.prefix(rid, p, group_id) for p in entered),
+            parent=self.prefix(rid, start - 1, group_id) if start else None,
             token_ids=tuple(tokens[start * block_size : end * block_size]),
             block_size=block_size,
             lookahead_token_ids=(

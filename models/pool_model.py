@@ -17,7 +17,9 @@ class PoolModel:
     - ``free_order``: the free blocks, head (next handed out) first.
     - ``holders``: each holder (a request's table in one group, say) and the
       block ids it holds; 0, the null block, holds nothing.
-    - ``cache``: cached block id -> its key, in the order blocks were cached.
+    - ``cache``: cached block id -> its own key, in the order blocks were cached.
+    - ``more_keys``: cached block id -> the partial keys it has besides (a
+      prompt's last hash boundary inside it), in the order entered.
 
     A block's reference count is not stored: it is the number of holder
     slots that name it.
@@ -32,6 +34,7 @@ class PoolModel:
         self.free_order: list[int] = list(range(1, num_blocks))
         self.holders: dict[Hashable, list[int]] = {}
         self.cache: dict[int, CacheKey] = {}
+        self.more_keys: dict[int, list[CacheKey]] = {}
         self.events = events
 
     def ref_counts(self) -> dict[int, int]:
@@ -42,8 +45,14 @@ class PoolModel:
                     counts[block_id] += 1
         return counts
 
+    def entries(self) -> list[tuple[CacheKey, int]]:
+        """Every cache entry as (key, block id): own keys in the order cached, then partial keys."""
+        own = [(key, block_id) for block_id, key in self.cache.items()]
+        return own + [(key, block_id) for block_id, keys in self.more_keys.items() for key in keys]
+
     def lookup(self, key: CacheKey) -> int | None:
-        """The block a hit on ``key`` returns: the earliest cached one still cached."""
+        """The block a hit on ``key`` returns: the earliest cached one still cached.  (Only whole-block
+        keys are looked up, and a block has one only as its own key.)"""
         for block_id, block_key in self.cache.items():
             if block_key == key:
                 return block_id
@@ -89,6 +98,16 @@ class PoolModel:
         self._uncache(block_id)
         self.cache[block_id] = key
 
+    def add_key(self, block_id: int, key: CacheKey) -> bool:
+        """Enter the block under a partial key too (its own key, if it has none); whether it is new."""
+        if block_id == NULL or self.cache.get(block_id) == key or key in self.more_keys.get(block_id, ()):
+            return False
+        if block_id in self.cache:
+            self.more_keys.setdefault(block_id, []).append(key)
+        else:
+            self.cache[block_id] = key
+        return True
+
     def evict(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
             self._uncache(block_id)
@@ -97,11 +116,16 @@ class PoolModel:
         if len(self.free_order) != self.num_blocks - 1:
             return False
         self.cache.clear()
+        self.more_keys.clear()
         if self.events is not None:
             self.events.append(ClearedEvent())
         return True
 
     def _uncache(self, block_id: int) -> None:
+        """Drop every key of the block, its own first."""
         key = self.cache.pop(block_id, None)
-        if key is not None and self.events is not None:
-            self.events.append(RemovedEvent(*key))
+        if key is None:
+            return
+        keys = [key, *self.more_keys.pop(block_id, ())]
+        if self.events is not None:
+            self.events.extend(RemovedEvent(*k) for k in keys)

@@ -13,7 +13,7 @@ import attrs
 
 from kvcheck.config import SLIDING_KINDS, TargetConfig
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
-from kvcheck.observation import ClearedEvent, RemovedEvent, StoredEvent
+from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
     FailedLoad,
     FinishAsyncLoad,
@@ -48,6 +48,8 @@ CROSS_ATTENTION_ALLOCATED = "cross-attention blocks allocated on admission"
 MAMBA_STATE_FREED = "Mamba freed the state block behind its last token"
 MAMBA_SPECULATIVE_REFUSED = "Mamba speculative blocks made a step not fit"
 HIT_ACROSS_MLA_AND_FULL = "prefix hit across MLA and full-attention groups"
+HIT_ACROSS_BLOCK_SIZES = "prefix hit across groups of different block sizes"
+PARTIAL_ENTRY_CACHED = "prompt's last hash boundary cached inside a block"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -73,6 +75,8 @@ ALL_LABELS = (
     MAMBA_STATE_FREED,
     MAMBA_SPECULATIVE_REFUSED,
     HIT_ACROSS_MLA_AND_FULL,
+    HIT_ACROSS_BLOCK_SIZES,
+    PARTIAL_ENTRY_CACHED,
 )
 
 
@@ -81,7 +85,13 @@ def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
     1 to 4): a hit across all groups (or across MLA and full attention) needs two groups at least, and
     cross-attention sits beside the decoder's self-attention."""
     if num_groups == 1:
-        multi_group = (HIT_ACROSS_ALL_GROUPS, CROSS_ATTENTION_ALLOCATED, HIT_ACROSS_MLA_AND_FULL)
+        multi_group = (
+            HIT_ACROSS_ALL_GROUPS,
+            CROSS_ATTENTION_ALLOCATED,
+            HIT_ACROSS_MLA_AND_FULL,
+            HIT_ACROSS_BLOCK_SIZES,
+            PARTIAL_ENTRY_CACHED,
+        )
         return tuple(label for label in ALL_LABELS if label not in multi_group)
     return ALL_LABELS
 
@@ -109,6 +119,7 @@ class BeforeStep:
     scheduled tokens' one, is still in its table (a step in flight reads it)."""
     num_deferred: int
     num_events: int
+    partial_entries: set[tuple[CacheKey, int]]
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -118,7 +129,7 @@ class BeforeStep:
         if isinstance(op, Schedule) and model.config.use_eagle and model.config.enable_caching:
             request = model.requests.get(op.request_id)
             if request is not None and not request.running:
-                plain = model.plain_hit_blocks(op.request_id) * model.block_size
+                plain = model.plain_hit_tokens(op.request_id)
         return cls(
             set(model.pool.free_order),
             set(model.pool.cache),
@@ -133,6 +144,7 @@ class BeforeStep:
             _window_held(model, op),
             len(model.pipeline.deferred),
             len(model.events or ()),
+            _partial_entries(model),
         )
 
 
@@ -148,8 +160,9 @@ def _window_held(model: ManagerModel, op: Operation) -> bool:
     computed = request.num_computed_tokens
     for group_id, group in enumerate(model.groups):
         table = model.pool.holders.get((op.request_id, group_id), [])
-        processed_end = skipped_tokens(group, max(0, computed - in_flight)) // model.block_size
-        scheduled_end = min(skipped_tokens(group, computed) // model.block_size, len(table))
+        block_size = model.block_sizes[group_id]
+        processed_end = skipped_tokens(group, max(0, computed - in_flight)) // block_size
+        scheduled_end = min(skipped_tokens(group, computed) // block_size, len(table))
         if any(b != 0 for b in table[processed_end:scheduled_end]):
             return True
     return False
@@ -173,6 +186,16 @@ def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) ->
     """Whether a refused step is admitted when no Mamba group reserves speculative blocks."""
     groups = tuple(attrs.evolve(group, speculative_blocks=0) for group in model.config.groups)
     return _fits_under(model, refused, attrs.evolve(model.config, groups=groups))
+
+
+def _partial_entries(model: ManagerModel) -> set[tuple[CacheKey, int]]:
+    """The cache entries under a partial key: a hash boundary inside its block."""
+    lookahead = model.config.num_hash_lookahead_tokens
+    return {
+        ((group_id, prefix), block_id)
+        for (group_id, prefix), block_id in model.pool.entries()
+        if (len(prefix) - lookahead) % model.block_sizes[group_id]
+    }
 
 
 def _nulls(model: ManagerModel, op: Operation, *kinds: str) -> int:
@@ -239,6 +262,10 @@ def step_labels(
         labels.append(MAMBA_SPECULATIVE_REFUSED)
     if isinstance(op, Schedule) and result.hit_length and {"mla", "full"} <= {g.kind for g in model.groups}:
         labels.append(HIT_ACROSS_MLA_AND_FULL)
+    if isinstance(op, Schedule) and result.hit_length and model.config.mixed_block_sizes:
+        labels.append(HIT_ACROSS_BLOCK_SIZES)
+    if _partial_entries(model) - before.partial_entries:
+        labels.append(PARTIAL_ENTRY_CACHED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

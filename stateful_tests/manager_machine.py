@@ -95,7 +95,7 @@ def manager_machine(
             num_tokens - 1 cap and the EAGLE drop bite), or one seen before in this run (the same
             question asked again, or another sample of it, n > 1), whose hit may then cover every
             block the first one computed."""
-            fresh = prompts | block_aligned_prompts(self.lockstep.model.block_size)
+            fresh = prompts | block_aligned_prompts(self.lockstep.config.scheduler_block_size)
             seen = sorted(set(self.prompts.values()))
             fresh_or_seen = fresh | st.sampled_from(seen) if seen else fresh
             return self._add(data.draw(fresh_or_seen, label="prompt"))

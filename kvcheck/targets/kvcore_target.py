@@ -6,37 +6,37 @@ from collections.abc import Callable
 from typing import Any
 
 import kvcore
-from kvcheck.config import TargetConfig
-from kvcheck.observation import CacheKey, Observation
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.observation import CacheKey, Observation, block_keys
 from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
 
 
+def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
+    """kvcore's attention spec of one group, with blocks of ``block_size`` tokens."""
+    if group.kind == "full":
+        return kvcore.FullAttentionSpec(block_size)
+    if group.kind == "mla":
+        return kvcore.MLAAttentionSpec(block_size)
+    if group.kind == "mamba":
+        return kvcore.MambaSpec(block_size, group.speculative_blocks)
+    if group.kind == "ring":
+        return kvcore.CircularBufferSpec(block_size)
+    if group.kind == "cross_attention":
+        return kvcore.CrossAttentionSpec(block_size)
+    assert group.window is not None
+    if group.kind == "sliding_window":
+        return kvcore.SlidingWindowSpec(block_size, group.window)
+    if group.kind == "sliding_window_mla":
+        return kvcore.SlidingWindowMLASpec(block_size, group.window)
+    if group.kind == "rswa":
+        return kvcore.RSWASpec(block_size, group.window)
+    return kvcore.ChunkedLocalAttentionSpec(block_size, group.window)
+
+
 def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
     """The kvcore configuration of a target configuration."""
-    specs: list[kvcore.AttentionSpec] = []
-    block_size = config.block_size
-    for group in config.groups:
-        if group.kind == "full":
-            specs.append(kvcore.FullAttentionSpec(block_size))
-        elif group.kind == "mla":
-            specs.append(kvcore.MLAAttentionSpec(block_size))
-        elif group.kind == "mamba":
-            specs.append(kvcore.MambaSpec(block_size, group.speculative_blocks))
-        elif group.kind == "ring":
-            specs.append(kvcore.CircularBufferSpec(block_size))
-        elif group.kind == "cross_attention":
-            specs.append(kvcore.CrossAttentionSpec(block_size))
-        else:
-            assert group.window is not None
-            if group.kind == "sliding_window":
-                specs.append(kvcore.SlidingWindowSpec(block_size, group.window))
-            elif group.kind == "sliding_window_mla":
-                specs.append(kvcore.SlidingWindowMLASpec(block_size, group.window))
-            elif group.kind == "rswa":
-                specs.append(kvcore.RSWASpec(block_size, group.window))
-            else:
-                specs.append(kvcore.ChunkedLocalAttentionSpec(block_size, group.window))
+    specs = [kvcore_spec(group, block_size) for group, block_size in zip(config.groups, config.block_sizes)]
     return kvcore.KVCacheConfig(
         config.num_blocks,
         specs,
@@ -47,6 +47,8 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         watermark=config.watermark,
         max_in_flight_tokens=config.max_in_flight_tokens,
         enable_kv_cache_events=config.enable_kv_cache_events,
+        scheduler_block_size=config.scheduler_block_size,
+        hash_block_size=config.hash_size,
     )
 
 
@@ -69,7 +71,7 @@ class KvcoreTarget(SchedulerDrivenTarget):
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> kvcore.Request:
         return kvcore.Request(
-            request_id, prompt, self.config.block_size, num_hash_lookahead_tokens=self.config.num_hash_lookahead_tokens
+            request_id, prompt, self.config.hash_size, num_hash_lookahead_tokens=self.config.num_hash_lookahead_tokens
         )
 
     def _get_computed_blocks(self, request: kvcore.Request) -> tuple[Any, int]:
@@ -154,9 +156,9 @@ class KvcoreTarget(SchedulerDrivenTarget):
             ref_counts=pool.ref_counts(),
             tables=self.tables(),
             cache_entries=frozenset((*self._key(key), block_id) for key, block_id in pool.cache_entries()),
-            block_cache_keys={
-                block.block_id: self._key(block.block_hash) for block in pool.blocks if block.block_hash is not None
-            },
+            block_cache_keys=block_keys(
+                (self._key(key), block.block_id) for block in pool.blocks for key in pool.block_keys(block)
+            ),
             **self.pipeline_fields(),
         )
 

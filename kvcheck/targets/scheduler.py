@@ -330,7 +330,7 @@ class SchedulerDrivenTarget:
         config = self.config
         return read_positions(
             config.groups,
-            config.block_size,
+            config.block_sizes,
             num_computed_tokens,
             num_new_tokens,
             request.num_prompt_tokens,
@@ -380,7 +380,7 @@ class SchedulerDrivenTarget:
 
     def _learn_hashes(self, request_id: str) -> None:
         request = self.requests[request_id]
-        block_size = self.config.block_size
+        block_size = self.config.hash_size
         tokens = request.all_token_ids
         hashes = request.block_hashes
         for index in range(self._hashes_learned[request_id], len(hashes)):

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.observation import CacheKey, Observation
+from kvcheck.observation import CacheKey, Observation, block_keys
 from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
 from kvcheck.targets.vllm_queue import backward_ids, forward_ids
@@ -173,7 +173,7 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
 def make_manager(
     groups: Sequence[GroupSpec],
     num_blocks: int,
-    block_size: int,
+    block_size: int | Sequence[int],
     enable_caching: bool,
     max_model_len: int = MAX_MODEL_LEN,
     use_eagle: bool = False,
@@ -183,22 +183,24 @@ def make_manager(
     watermark: float = 0.0,
     max_in_flight_tokens: int | None = None,
     enable_kv_cache_events: bool = False,
+    scheduler_block_size: int | None = None,
+    hash_block_size: int | None = None,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
-    groups in ``eagle_group_ids`` hold a drafter's layers."""
+    groups in ``eagle_group_ids`` hold a drafter's layers.  ``block_size`` is every group's, or one per
+    group; the scheduler and hash block sizes default to the (one) block size."""
     v = require_vllm()
+    block_sizes = [block_size] * len(groups) if isinstance(block_size, int) else list(block_size)
     kv_cache_groups = [
-        v.KVCacheGroupSpec(
-            [f"layers.{index}"], attention_spec(group, block_size), is_eagle_group=index in eagle_group_ids
-        )
-        for index, group in enumerate(groups)
+        v.KVCacheGroupSpec([f"layers.{index}"], attention_spec(group, size), is_eagle_group=index in eagle_group_ids)
+        for index, (group, size) in enumerate(zip(groups, block_sizes))
     ]
     config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
     return v.KVCacheManager(
         config,
         max_model_len=max_model_len,
-        scheduler_block_size=block_size,
-        hash_block_size=block_size,
+        scheduler_block_size=block_sizes[0] if scheduler_block_size is None else scheduler_block_size,
+        hash_block_size=block_sizes[0] if hash_block_size is None else hash_block_size,
         enable_caching=enable_caching,
         watermark=watermark,
         max_in_flight_tokens=max_in_flight_tokens,
@@ -260,7 +262,7 @@ class VllmTarget(SchedulerDrivenTarget):
         self.manager = make_manager(
             config.groups,
             config.num_blocks,
-            config.block_size,
+            config.block_sizes,
             config.enable_caching,
             use_eagle=config.use_eagle,
             eagle_group_ids=config.eagle_group_ids,
@@ -269,13 +271,15 @@ class VllmTarget(SchedulerDrivenTarget):
             watermark=config.watermark,
             max_in_flight_tokens=config.max_in_flight_tokens,
             enable_kv_cache_events=config.enable_kv_cache_events,
+            scheduler_block_size=config.scheduler_block_size,
+            hash_block_size=config.hash_size,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
-        return make_request(request_id, prompt, self.config.block_size, self.config.num_hash_lookahead_tokens)
+        return make_request(request_id, prompt, self.config.hash_size, self.config.num_hash_lookahead_tokens)
 
     def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
         hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
@@ -381,11 +385,14 @@ class VllmTarget(SchedulerDrivenTarget):
             ref_counts={block.block_id: block.ref_cnt for block in self.pool.blocks[1:]},
             tables=self.tables(),
             cache_entries=frozenset((*self._key(key), block_id) for key, block_id in cache_map(self.pool)),
-            block_cache_keys={
-                block.block_id: self._key(block.block_hash)
-                for block in self.pool.blocks
-                if block.block_hash is not None
-            },
+            block_cache_keys=block_keys(
+                [(self._key(block.block_hash), block.block_id) for block in self.pool.blocks if block.block_hash]
+                + [
+                    (self._key(key), block_id)
+                    for block_id, keys in self.pool.cached_block_hashes_by_block.items()
+                    for key in keys
+                ]
+            ),
             **self.pipeline_fields(),
         )
 

@@ -17,6 +17,17 @@ HitBlocks = tuple[list[KVBlock], ...]
 """Blocks of a prefix hit, one list per KV-cache group."""
 
 
+def block_hashes_at(
+    block_hashes: Sequence[BlockHash], hash_block_size: int | None, block_size: int
+) -> Sequence[BlockHash]:
+    """A request's block hashes (one per ``hash_block_size`` tokens) seen at ``block_size``: each
+    block's hash is the one at its last hash boundary, which chains over the whole prefix."""
+    if hash_block_size is None or hash_block_size == block_size:
+        return block_hashes
+    scale = block_size // hash_block_size
+    return block_hashes[scale - 1 :: scale]
+
+
 def drop_last_block(hit: HitBlocks) -> None:
     """Drop a non-empty hit's last block in every group: an EAGLE drafter recomputes that position."""
     if hit[0]:
@@ -46,6 +57,10 @@ class SingleTypeManager:
         self.null_block = pool.null_block
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
+        self.drops_hits = False
+        """The group's hits drop a block for an EAGLE drafter (set by a hybrid coordinator)."""
+        self.hit_alignment = spec.block_size
+        """Hits are a multiple of this many tokens (set by the coordinator: the scheduler block size)."""
         self.max_admission_blocks: int | None = None
         """The most blocks a request of this group holds at once (groups that free blocks as they go), set
         by the coordinator from ``max_in_flight_tokens``; ``None``: a request may hold a block per slot."""
@@ -71,13 +86,16 @@ class SingleTypeManager:
         pool: BlockPool,
         spec: AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         """The longest prefix hit of at most ``max_length`` tokens that this type accepts.
 
         Returns one block list per group of ``group_ids`` (null blocks where
         the type needs nothing) and the hit length in tokens.  With
         ``drop_last`` (an EAGLE drafter) the matched run's last block is
-        dropped: the drafter recomputes its position.
+        dropped: the drafter recomputes its position.  A hit's length is a
+        multiple of ``alignment`` tokens (default: ``spec.block_size``; a
+        hybrid cache passes its scheduler block size).
         """
         raise NotImplementedError
 
@@ -174,27 +192,36 @@ class SingleTypeManager:
         """Enter the request's full blocks among its first ``num_tokens`` tokens in the prefix cache."""
         request_id = request.request_id
         num_cached = self.num_cached_blocks.get(request_id, 0)
-        num_full = min(num_tokens, len(request.block_hashes) * self.block_size) // self.block_size
+        block_hashes = self.block_hashes(request)
+        num_full = min(num_tokens, len(block_hashes) * self.block_size) // self.block_size
         if num_cached >= num_full:
             return
         table = self.req_to_blocks[request_id]
-        new_blocks = table[num_cached:num_full]
-        new_hashes = request.block_hashes[num_cached:num_full]
-        self.pool.cache_blocks(new_blocks, new_hashes, self.group_id)
+        positions = [p for p in range(num_cached, num_full) if self.caches_position(p)]
+        self.pool.cache_blocks([table[p] for p in positions], [block_hashes[p] for p in positions], self.group_id)
         self.num_cached_blocks[request_id] = num_full
         if self.pool.enable_kv_cache_events:
             self.pool.record_event(self._stored_event(request, num_cached, num_full))
+
+    def block_hashes(self, request: Request) -> Sequence[BlockHash]:
+        """The request's block hashes at this group's block size."""
+        return block_hashes_at(request.block_hashes, self.pool.hash_block_size, self.block_size)
+
+    def caches_position(self, position: int) -> bool:
+        """Whether a full block at table ``position`` can serve a hit, and so is cached: every one here."""
+        return True
 
     def _stored_event(self, request: Request, num_cached: int, num_full: int) -> BlockStored:
         """The event of caching blocks ``num_cached`` to ``num_full`` of the request's table."""
         block_size = self.block_size
         table = self.req_to_blocks[request.request_id]
-        positions = [p for p in range(num_cached, num_full) if not table[p].is_null]
+        positions = [p for p in range(num_cached, num_full) if not table[p].is_null and self.caches_position(p)]
         tokens = request.all_token_ids
         lookahead = request.num_hash_lookahead_tokens
+        block_hashes = self.block_hashes(request)
         return BlockStored(
-            block_hashes=tuple(request.block_hashes[p] for p in positions),
-            parent_block_hash=request.block_hashes[num_cached - 1] if num_cached else None,
+            block_hashes=tuple(block_hashes[p] for p in positions),
+            parent_block_hash=block_hashes[num_cached - 1] if num_cached else None,
             token_ids=tuple(tokens[num_cached * block_size : num_full * block_size]),
             block_size=block_size,
             group_idx=self.group_id,
@@ -274,5 +301,6 @@ class TakesNoHit:
         pool: BlockPool,
         spec: AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         return tuple([] for _ in group_ids), 0

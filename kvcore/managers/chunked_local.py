@@ -9,7 +9,7 @@ from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec
 from kvcore.errors import InvalidArgument
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager
+from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at
 
 
 class ChunkedLocalAttentionManager(SingleTypeManager):
@@ -42,6 +42,7 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         pool: BlockPool,
         spec: AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         """Blocks before the chunk holding token ``max_length`` count as hit (null blocks);
         from that chunk's start on, the hit extends over consecutively cached blocks.  A hit
@@ -50,7 +51,10 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         if drop_last:
             raise InvalidArgument("drop_last", drop_last, "chunked local attention cannot drop a hit block")
         block_size = spec.block_size
+        # KVCacheConfig refuses a hybrid cache that would align this type's hits to another size.
+        assert alignment in (None, block_size), f"chunked local hits align to the block size, not {alignment}"
         chunk = spec.attention_chunk_size
+        block_hashes = block_hashes_at(block_hashes, pool.hash_block_size, block_size)
         max_num_blocks = max_length // block_size
         window_start_tokens = (max_length // chunk) * chunk if max_length > 0 else 0
         window_start_block = window_start_tokens // block_size

@@ -5,13 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec
+from kvcore.events import BlockStored
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
+from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at
+from kvcore.request import Request
 
 
 class FullAttentionManager(SingleTypeManager):
-    """A hit is the longest run of cached blocks from the first block on."""
+    """A hit is the longest run of cached blocks from the first block on.
+
+    With blocks larger than the hash granularity (a hybrid cache of mixed
+    block sizes), the prompt's last hash boundary short of its last token
+    (of its last token, for a group that drops for a drafter) may fall inside
+    a block: that block is also entered under the boundary's hash, a
+    *partial* entry, once the tokens up to the boundary are cached.
+    """
 
     kind = "full"
 
@@ -24,16 +34,55 @@ class FullAttentionManager(SingleTypeManager):
         pool: BlockPool,
         spec: AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         # Hashes are chained, so the first miss ends the hit: no later block
         # can match once one has not.
+        block_size = spec.block_size
         hit: HitBlocks = tuple([] for _ in group_ids)
-        for block_hash in block_hashes[: max_length // spec.block_size]:
+        for block_hash in block_hashes_at(block_hashes, pool.hash_block_size, block_size)[: max_length // block_size]:
             cached = pool.get_cached_block(block_hash, group_ids)
             if cached is None:
                 break
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
-        if drop_last:
-            drop_last_block(hit)
-        return hit, len(hit[0]) * spec.block_size
+        hit_length = len(hit[0]) * block_size
+        if drop_last and hit_length:
+            hit_length -= block_size
+        hit_length -= hit_length % (alignment or block_size)
+        for group_blocks in hit:
+            del group_blocks[ceil_div(hit_length, block_size) :]
+        return hit, hit_length
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        super().cache_blocks(request, num_tokens)
+        hash_block_size = self.pool.hash_block_size
+        if hash_block_size is None or hash_block_size == self.block_size:
+            return
+        # The prompt's last hash boundary a later request can hit up to.
+        token_limit = request.num_prompt_tokens if self.drops_hits else request.num_prompt_tokens - 1
+        num_hashes = min(token_limit // hash_block_size, len(request.block_hashes))
+        boundary = num_hashes * hash_block_size
+        if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
+            return
+        table = self.req_to_blocks[request.request_id]
+        position = boundary // self.block_size
+        if position >= len(table):
+            return
+        block_hash = request.block_hashes[num_hashes - 1]
+        if (
+            self.pool.cache_partial_block(table[position], (block_hash, self.group_id))
+            and self.pool.enable_kv_cache_events
+        ):
+            tokens = request.all_token_ids
+            lookahead = request.num_hash_lookahead_tokens
+            self.pool.record_event(
+                BlockStored(
+                    block_hashes=(block_hash,),
+                    parent_block_hash=request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
+                    token_ids=tuple(tokens[boundary - hash_block_size : boundary]),
+                    block_size=hash_block_size,
+                    group_idx=self.group_id,
+                    lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
+                )
+            )

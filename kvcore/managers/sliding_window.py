@@ -8,7 +8,14 @@ from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
+from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at, drop_last_block
+
+
+def _trim_to_alignment(hit: HitBlocks, block_size: int, alignment: int) -> None:
+    """Drop trailing blocks until the hit ends on the alignment (as vLLM 0.33.0 trims a short run)."""
+    while len(hit[0]) * block_size % alignment:
+        for group_blocks in hit:
+            group_blocks.pop()
 
 
 def contiguous_blocks_for_hit(sliding_window: int, block_size: int) -> int:
@@ -38,6 +45,18 @@ class SlidingWindowManager(SingleTypeManager):
             num_tokens = min(num_tokens, max_model_len)
         return ceil_div(num_tokens, self.block_size) + 1
 
+    def caches_position(self, position: int) -> bool:
+        """Only the blocks a hit can need: with hits aligned to more than a block, those of the window
+        (and an EAGLE peek's block) before each aligned boundary."""
+        if self.hit_alignment % self.block_size:
+            return True
+        per_boundary = self.hit_alignment // self.block_size
+        needed = contiguous_blocks_for_hit(self.spec.sliding_window, self.block_size) + (1 if self.drops_hits else 0)
+        if needed >= per_boundary:
+            return True
+        shift = 1 if self.drops_hits else 0
+        return position >= shift and (position - shift) % per_boundary >= per_boundary - needed
+
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -47,6 +66,7 @@ class SlidingWindowManager(SingleTypeManager):
         pool: BlockPool,
         spec: AttentionSpec,
         drop_last: bool = False,
+        alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         """Scan from the longest candidate down for enough contiguous cached blocks.
 
@@ -61,6 +81,8 @@ class SlidingWindowManager(SingleTypeManager):
         """
         assert isinstance(spec, SlidingWindowSpec | SlidingWindowMLASpec)
         block_size = spec.block_size
+        align = alignment or block_size
+        block_hashes = block_hashes_at(block_hashes, pool.hash_block_size, block_size)
         needed = contiguous_blocks_for_hit(spec.sliding_window, block_size) + (1 if drop_last else 0)
         max_num_blocks = max_length // block_size
         hit: HitBlocks = tuple([pool.null_block] * max_num_blocks for _ in group_ids)
@@ -71,6 +93,9 @@ class SlidingWindowManager(SingleTypeManager):
             if cached is None:
                 run = 0
                 continue
+            # A run may start only where the hit (after the drop) ends on the alignment.
+            if run == 0 and (i if drop_last else i + 1) * block_size % align:
+                continue
             for group_blocks, block in zip(hit, cached):
                 group_blocks[i] = block
             run += 1
@@ -79,8 +104,12 @@ class SlidingWindowManager(SingleTypeManager):
                 break
         if end is None:
             end = run
+            for group_blocks in hit:
+                del group_blocks[end:]
+            _trim_to_alignment(hit, block_size, align)
         for group_blocks in hit:
             del group_blocks[end:]
-        if drop_last:
+        if drop_last and hit[0]:
             drop_last_block(hit)
+            _trim_to_alignment(hit, block_size, align)
         return hit, len(hit[0]) * block_size

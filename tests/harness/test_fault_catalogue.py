@@ -11,6 +11,7 @@ from kvcheck.lockstep import Lockstep
 from kvcheck.models.invariants import InvariantViolation
 from kvcheck.ops import (
     AddRequest,
+    EvictBlocks,
     FailedLoad,
     Finish,
     Operation,
@@ -253,6 +254,36 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         one_group(4, 1, GroupSpec("mamba", speculative_blocks=1), caching=False),
         [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3)],
         "target_raised",
+    ),
+    # Full attention in 4-token blocks, a 4-token window in 2-token blocks: hits land every 4 tokens.
+    # With the window's block of tokens 7..8 evicted, a 9-token request sharing 8 tokens hits 4; aligned
+    # to the 2-token hashes, the window takes 6 and full attention the shared block of tokens 5..8,
+    # into which the request writes its own tokens 7 and 8.
+    "hits-aligned-to-the-hash-size": (
+        TargetConfig(16, 2, (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 4)), True),
+        [
+            AddRequest("r0", (1, 2, 3, 4, 5, 6, 7, 8)),
+            Schedule("r0", 8),
+            Finish("r0"),
+            EvictBlocks((6,)),
+            AddRequest("r1", (1, 2, 3, 4, 5, 6, 7, 8, 9)),
+            Schedule("r1", 9),
+        ],
+        "hit_is_sound_and_maximal",
+    ),
+    # Two 2-token full-attention groups hashing every token: the 2-token prompt's boundary after token 1
+    # is entered beside block 2's own key; evicting the block leaves that entry behind.
+    "partial-key-outlives-eviction": (
+        TargetConfig(3, 2, (FULL, FULL), True, hash_block_size=1),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2), EvictBlocks((2,))],
+        "cache_map_consistent",
+    ),
+    # Full attention in 2-token blocks, a 2-token window in 1-token blocks: a hit on a 2-token boundary
+    # needs the window's block before it only, so block 0 of the window is not cached.
+    "sliding-window-caches-unreachable-blocks": (
+        TargetConfig(4, 1, (GroupSpec("full", block_size=2), GroupSpec("sliding_window", 2)), True),
+        [AddRequest("r0", (0, 0)), Schedule("r0", 2)],
+        "cache_matches_model",
     ),
 }
 

@@ -153,7 +153,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         return with_sut(
             check,
             cache_entries=check.sut.cache_entries | {entry},
-            block_cache_keys={**check.sut.block_cache_keys, free_block: (0, (2, 2, 2))},
+            block_cache_keys={**check.sut.block_cache_keys, free_block: ((0, (2, 2, 2)),)},
         )
 
     def slots_without_blocks() -> StepCheck:

@@ -766,7 +766,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"eagle_group_ids": [0, 0]}, "config.eagle_group_ids", "names a group twice"),
         ({"eagle_group_ids": 0}, "config.eagle_group_ids", "expected a list of group indices, got 0"),
         ({"use_eagle": True, "num_hash_lookahead_tokens": 1}, "config.num_hash_lookahead_tokens", "replace the EAGLE"),
-        ({"use_eagle": True, "num_prefill_lookahead": 3}, "config.num_prefill_lookahead", "above block_size=2"),
+        ({"use_eagle": True, "num_prefill_lookahead": 3}, "config.num_prefill_lookahead", "scheduler block size 2"),
         ({"num_prefill_lookahead": 65}, "config.num_prefill_lookahead", "above the limit of 64"),
         ({"async_scheduling": 1}, "config.async_scheduling", "must be true or false"),
         ({"enable_kv_cache_events": "yes"}, "config.enable_kv_cache_events", "must be true or false, got 'yes'"),

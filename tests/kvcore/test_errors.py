@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from kvcore import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     InvalidArgument,
     InvalidConfig,
@@ -45,9 +46,26 @@ def busy_manager(max_model_len: int | None = None) -> KVCacheManager:
         (lambda: SlidingWindowSpec(block_size=4, sliding_window=0), "sliding_window", 0),
         (lambda: KVCacheConfig(num_blocks=8, groups=()), "groups", ()),
         (
-            lambda: KVCacheConfig(num_blocks=8, groups=(FullAttentionSpec(4), FullAttentionSpec(8))),
-            "groups",
-            (FullAttentionSpec(4), FullAttentionSpec(8)),
+            lambda: KVCacheConfig(num_blocks=8, groups=(FullAttentionSpec(4), FullAttentionSpec(8)), hash_block_size=8),
+            "hash_block_size",
+            8,
+        ),
+        (
+            lambda: KVCacheConfig(
+                num_blocks=8, groups=(FullAttentionSpec(4), FullAttentionSpec(8)), scheduler_block_size=4
+            ),
+            "scheduler_block_size",
+            4,
+        ),
+        (lambda: KVCacheConfig(num_blocks=8, groups=(FullAttentionSpec(4),), hash_block_size=2), "hash_block_size", 2),
+        (
+            lambda: KVCacheConfig(
+                num_blocks=8,
+                groups=(FullAttentionSpec(2), ChunkedLocalAttentionSpec(2, attention_chunk_size=4)),
+                scheduler_block_size=4,
+            ),
+            "groups[1].block_size",
+            2,
         ),
         (lambda: KVCacheConfig(num_blocks=8, groups=("full",)), "groups[0]", "full"),
         (lambda: KVCacheConfig(num_blocks=8, groups=(FullAttentionSpec(4),), max_model_len=0), "max_model_len", 0),
@@ -58,7 +76,10 @@ def busy_manager(max_model_len: int | None = None) -> KVCacheManager:
         "zero-block-size",
         "zero-window",
         "no-groups",
-        "mixed-block-sizes",
+        "hash-size-not-dividing-a-group",
+        "scheduler-size-not-a-multiple",
+        "one-group-hashing-finer",
+        "chunked-local-off-the-scheduler-size",
         "not-a-spec",
         "zero-max-model-len",
     ],

