@@ -338,7 +338,6 @@ def _sliding_window_mla_managed_as_mla(manager: Any) -> None:
         ]
 
 
-
 def _partial_key_outlives_eviction(manager: Any) -> None:
     pool = manager.block_pool
 
