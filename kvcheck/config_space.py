@@ -140,15 +140,16 @@ def random_config(
     caching: bool | None = None,
     drafter_and_async: bool = True,
     layout: str | None = None,
-    mixed_sizes: bool = True,
+    block_sizes_share: float = 1 / 3,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
     Without ``drafter_and_async`` the same draws serve a plain model scheduled step by step (no
     drafter, lookahead or async scheduling), to measure what those features cost.  ``layout`` (one
     of :data:`LAYOUTS`) fixes the layout; a shipped layout needing more groups than drawn, or caching
-    off where ``caching`` is on, falls back to ``mixed``.  Without ``mixed_sizes`` every group keeps
-    the one block size and hashes are as large as the blocks."""
+    off where ``caching`` is on, falls back to ``mixed``.  ``block_sizes_share`` is the share of
+    multi-group draws that give groups blocks of different sizes, and of those with caching that hash
+    finer than their blocks (0: none; 1: every one vLLM accepts); the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -244,20 +245,20 @@ def random_config(
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )
-    return _block_sizes(rng, config) if mixed_sizes else config
+    return _block_sizes(rng, config, block_sizes_share)
 
 
-def _block_sizes(rng: random.Random, config: TargetConfig) -> TargetConfig:
-    """``config`` with, in one multi-group draw in three, some groups' blocks two or three times as
-    large; and in one multi-group draw with caching in three, hashes finer than the blocks.  (Drawn
+def _block_sizes(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of multi-group draws, some groups' blocks two or three times as
+    large; and in a ``share`` of multi-group draws with caching, hashes finer than the blocks.  (Drawn
     last, so the rest of the configuration is the same draw.)  A draw vLLM would refuse, or kvcheck
     does not model, keeps the one block size."""
     if len(config.groups) == 1:
         return config
-    mixed = rng.random() < 1 / 3
+    mixed = rng.random() < share
     factor = rng.choice([2, 2, 3])
     larger = [rng.random() < 1 / 2 for _ in config.groups]
-    finer = config.enable_caching and rng.random() < 1 / 3
+    finer = config.enable_caching and rng.random() < share
     groups = config.groups
     if mixed and not config.drop_group_ids:
         groups = tuple(
