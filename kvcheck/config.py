@@ -476,7 +476,8 @@ class TargetConfig:
         if self.num_encoder_tokens:
             steps += f", {self.num_encoder_tokens} encoder tokens"
         if self.hash_size != self.scheduler_block_size or self.mixed_block_sizes:
-            steps += f", hashes of {self.hash_size} tokens, hits of {self.scheduler_block_size}"
+            plural = "s" * (self.hash_size != 1)
+            steps += f", hashes of {self.hash_size} token{plural}, hits of {self.scheduler_block_size}"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"

@@ -617,6 +617,39 @@ def reset_refused_only_while_held(check: StepCheck) -> None:
         )
 
 
+def hit_block_never_written(check: StepCheck) -> None:
+    """After a waiting request's admitted step, no group's table holds, at the position where the hit
+    ends inside a block, the hit's own block: the request writes its next tokens there, so a block
+    shared through the prefix cache must have been replaced by a private copy.
+
+    Guards: a hit that ends inside a larger group's block (aligned to the hash
+    size, not the scheduler block size; a partial hit without its copy on
+    write), whose cached tokens the request then overwrites (the target's own
+    hit and tables, checked without the model)."""
+    result = check.sut_result
+    hit_length, hit_blocks = result.hit_length, result.hit_block_ids
+    if not result.admitted or not hit_length or hit_blocks is None:
+        return
+    request_id = getattr(check.op, "request_id", None)
+    tables = check.sut.tables.get(request_id)
+    if tables is None:
+        return
+    for group_id, (hit, table) in enumerate(zip(hit_blocks, tables)):
+        block_size = check.config.group_block_size(group_id)
+        position = hit_length // block_size
+        if hit_length % block_size and position < min(len(hit), len(table)) and hit[position] != 0:
+            if table[position] == hit[position]:
+                _fail(
+                    check,
+                    "hit_block_never_written",
+                    f"request {request_id} group {group_id}: its {hit_length}-token hit ends inside block "
+                    f"{hit[position]} (position {position}, {block_size}-token blocks), which its table still "
+                    "holds for the tokens it writes next",
+                    "a private copy",
+                    hit[position],
+                )
+
+
 Invariant = Callable[[StepCheck], None]
 
 ALL_INVARIANTS: tuple[Invariant, ...] = (
@@ -631,6 +664,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     rswa_keeps_the_prompt,
     mamba_keeps_a_state_tail,
     in_flight_blocks_held,
+    hit_block_never_written,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,

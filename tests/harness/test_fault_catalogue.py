@@ -269,7 +269,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
             AddRequest("r1", (1, 2, 3, 4, 5, 6, 7, 8, 9)),
             Schedule("r1", 9),
         ],
-        "hit_is_sound_and_maximal",
+        "hit_block_never_written",
     ),
     # Two 2-token full-attention groups hashing every token: the 2-token prompt's boundary after token 1
     # is entered beside block 2's own key; evicting the block leaves that entry behind.

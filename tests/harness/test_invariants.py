@@ -214,6 +214,22 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         assert len(check.sut.tables["a"][1]) == 4 and 0 not in check.sut.tables["a"][1]
         return block_freed(check, "a", 1, 1)
 
+    def hit_ending_inside_a_block() -> StepCheck:
+        # Full attention in 4-token blocks beside a window in 2-token blocks: b's 8-token hit, reported
+        # as 6 tokens, ends inside the block of tokens 5-8, which b's table keeps.
+        config = TargetConfig(16, 2, (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 4)), True)
+        check = checked_step(
+            config,
+            [
+                AddRequest("a", tuple(range(1, 9))),
+                Schedule("a", 8, 0, 0),
+                AddRequest("b", (*range(1, 9), 9)),
+                Schedule("b", 9, 0, 0),
+            ],
+        )
+        assert check.sut_result.hit_length == 8
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, hit_length=6))
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
@@ -226,6 +242,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "rswa_keeps_the_prompt": gap_inside_the_prompt,
         "mamba_keeps_a_state_tail": state_block_freed_inside,
         "in_flight_blocks_held": in_flight_block_freed,
+        "hit_block_never_written": hit_ending_inside_a_block,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
         "failed_allocation_changes_nothing": leaky_refusal,
