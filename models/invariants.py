@@ -637,17 +637,17 @@ def hit_block_never_written(check: StepCheck) -> None:
     for group_id, (hit, table) in enumerate(zip(hit_blocks, tables)):
         block_size = check.config.group_block_size(group_id)
         position = hit_length // block_size
-        if hit_length % block_size and position < min(len(hit), len(table)) and hit[position] != 0:
-            if table[position] == hit[position]:
-                _fail(
-                    check,
-                    "hit_block_never_written",
-                    f"request {request_id} group {group_id}: its {hit_length}-token hit ends inside block "
-                    f"{hit[position]} (position {position}, {block_size}-token blocks), which its table still "
-                    "holds for the tokens it writes next",
-                    "a private copy",
-                    hit[position],
-                )
+        inside = hit_length % block_size and position < min(len(hit), len(table)) and hit[position] != 0
+        if inside and table[position] == hit[position]:
+            _fail(
+                check,
+                "hit_block_never_written",
+                f"request {request_id} group {group_id}: its {hit_length}-token hit ends inside block "
+                f"{hit[position]} (position {position}, {block_size}-token blocks), which its table still "
+                "holds for the tokens it writes next",
+                "a private copy",
+                hit[position],
+            )
 
 
 Invariant = Callable[[StepCheck], None]
