@@ -754,6 +754,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
     )
     encoder_decoder = TargetConfig(8, 2, kinds, False, num_encoder_tokens=3)
     assert parse_trace(Trace(encoder_decoder, ()).dumps(), "e.json").config == encoder_decoder
+    sizes = (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 3))
+    mixed = TargetConfig(8, 2, sizes, True, hash_block_size=1)
+    assert parse_trace(Trace(mixed, ()).dumps(), "m.json").config == mixed
     plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
     assert set(plain) == {"num_blocks", "block_size", "enable_caching", "groups"}
 
@@ -806,6 +809,33 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "only a mamba group has speculative blocks, got 1",
         ),
         ({"groups": [{"kind": "mla", "window": 4}]}, r"config.groups\[0\].window", "a mla group has no window"),
+        ({"groups": [{"kind": "full", "block_size": 0}]}, r"config.groups\[0\].block_size", ">= 1, got 0"),
+        ({"groups": [{"kind": "full", "block_size": 2048}]}, r"config.groups\[0\].block_size", "limit of 1024"),
+        ({"hash_block_size": "2"}, "config.hash_block_size", "must be an integer >= 1, got '2'"),
+        ({"hash_block_size": 3}, "config.hash_block_size", "3 does not divide the scheduler block size 2"),
+        (
+            {
+                "groups": [{"kind": "full", "block_size": 4}, {"kind": "sliding_window", "window": 3}],
+                "hash_block_size": 4,
+            },
+            "config.hash_block_size",
+            "4 does not divide groups\\[1\\]'s block_size 2",
+        ),
+        (
+            {"groups": [{"kind": "full", "block_size": 4}, {"kind": "chunked_local", "window": 2}]},
+            r"config.groups\[1\].block_size",
+            "2 is not the scheduler block size 4",
+        ),
+        (
+            {"groups": [{"kind": "full", "block_size": 4}, {"kind": "sliding_window", "window": 3}], "use_eagle": True},
+            "config.use_eagle",
+            "different block sizes: the EAGLE drop over mixed block sizes is not modelled",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "ring", "block_size": 4}, {"kind": "sliding_window", "window": 3}]},
+            r"config.groups\[1\].block_size",
+            "enters the ring's scratch block in the prefix cache",
+        ),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(
