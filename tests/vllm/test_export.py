@@ -40,7 +40,18 @@ from kvcheck.trace import Trace, load_trace, parse_trace  # noqa: E402
 from kvcheck.vllm_faults import VLLM_FAULTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = sorted((REPO / "regressions" / "traces").glob("*.json"))
+ALL_TRACES = sorted((REPO / "regressions" / "traces").glob("*.json"))
+
+
+def one_block_size(path: Path) -> bool:
+    """Whether every group of the trace's configuration has blocks of one size, hashed as large."""
+    config = load_trace(path).config
+    return not config.mixed_block_sizes and config.hash_size == config.block_size
+
+
+CORPUS = [path for path in ALL_TRACES if one_block_size(path)]
+"""The corpus traces an exported file can speak of: every group's blocks one size, hashes as large."""
+SIZES_MIXED = [path for path in ALL_TRACES if not one_block_size(path)]
 PLUGIN_FOLDER = Path(__file__).resolve().parent
 """Holds ``export_fault_plugin.py``, put on the subprocess's ``PYTHONPATH``."""
 S000 = REPO / "regressions" / "traces" / "s000_fifo_reuse_when_caching_off.json"
@@ -434,6 +445,14 @@ def test_an_exported_file_imports_vllm_and_the_standard_library_only(exported: P
     assert "vllm" in modules
     others = {m for m in modules if m != "vllm" and m not in sys.stdlib_module_names and m != "__future__"}
     assert not others, others
+
+
+@pytest.mark.parametrize("path", SIZES_MIXED, ids=[path.stem for path in SIZES_MIXED])
+def test_a_trace_of_mixed_block_sizes_or_finer_hashes_is_refused_by_name(path: Path) -> None:
+    """Export speaks of one block size: a trace whose groups' blocks differ, or that hashes finer than its
+    blocks, is refused with the sizes named (it replays with kvcheck)."""
+    with pytest.raises(ExportError, match=r"block sizes \[.*\] \(hashes of \d+ tokens\) are not all one size"):
+        export_trace(load_trace(path), path.name)
 
 
 @pytest.mark.parametrize("path", [S003, DEFERRED], ids=["s003", "deferred-frees"])
