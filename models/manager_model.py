@@ -95,6 +95,18 @@ class ManagerModel:
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
         self.dropping_specs = frozenset(self.specs[g] for g in config.drop_group_ids)
         self.dropping_group_ids = frozenset(g for g, spec in enumerate(self.specs) if spec in self.dropping_specs)
+        # A sliding window whose hits land on boundaries several of its blocks apart caches only the
+        # blocks a hit there needs: the window's (and an EAGLE peek's) before each boundary.  Group id
+        # -> (blocks between boundaries, blocks needed before one, 1 with the peek's shift else 0).
+        self.sparse_windows: dict[int, tuple[int, int, int]] = {}
+        for group_id, group in enumerate(config.groups):
+            if group.kind in SLIDING_KINDS:
+                assert group.window is not None
+                block_size = self.block_sizes[group_id]
+                shift = int(group_id in self.dropping_group_ids)
+                needed = ceil_div(group.window - 1, block_size) + shift
+                if needed < self.alignment // block_size:
+                    self.sparse_windows[group_id] = (self.alignment // block_size, needed, shift)
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -225,6 +237,7 @@ class ManagerModel:
         return 0
 
     def observe(self) -> Observation:
+        entries = self.pool.entries()
         tables = {}
         for request_id in self.requests:
             groups = tuple(tuple(self.pool.holders.get((request_id, g), ())) for g in range(len(self.groups)))
@@ -236,8 +249,8 @@ class ManagerModel:
             num_free=len(self.pool.free_order),
             ref_counts=self.pool.ref_counts(),
             tables=tables,
-            cache_entries=frozenset((g, prefix, b) for (g, prefix), b in self.pool.entries()),
-            block_cache_keys=block_keys(self.pool.entries()),
+            cache_entries=frozenset((g, prefix, b) for (g, prefix), b in entries),
+            block_cache_keys=block_keys(entries),
             deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
             events=tuple(self.events or ()),
             prompt_lengths={rid: request.num_prompt_tokens for rid, request in self.requests.items()},
@@ -485,22 +498,14 @@ class ManagerModel:
             table[position] = NULL
         self.pool.release(released)
 
-    def _cacheable_blocks(self, rid: str, group_id: int, num_tokens: int) -> int:
-        """How many of the request's blocks group ``group_id`` caches once ``num_tokens`` are computed.
-
-        Never a block without a hash, nor (with one group, or in a group that
-        drops) the last tokens a multi-module drafter may prefill again; a
-        hybrid cache caches up to a hit boundary (a multiple of the scheduler
-        block size), and a group that drops one of its blocks more than the
-        finalized ones (its lookups peek past the hit)."""
-        return min(
-            self._cacheable_tokens(group_id, num_tokens) // self.block_sizes[group_id],
-            self.num_hashed_blocks(rid, group_id),
-        )
-
     def _cacheable_tokens(self, group_id: int, num_tokens: int) -> int:
-        """The tokens group ``group_id`` may cache once ``num_tokens`` are computed (see
-        :meth:`_cacheable_blocks`)."""
+        """The tokens group ``group_id`` may cache once ``num_tokens`` are computed.
+
+        Never (with one group, or in a group that drops) the last tokens a
+        multi-module drafter may prefill again; a hybrid cache caches up to a
+        hit boundary (a multiple of the scheduler block size), and a group that
+        drops one of its blocks more than the finalized ones (its lookups peek
+        past the hit)."""
         reprefillable = self.config.num_reprefillable_tokens
         if len(self.groups) == 1:
             return max(0, num_tokens - reprefillable)
@@ -514,7 +519,9 @@ class ManagerModel:
         for group_id, group in enumerate(self.groups):
             if group.kind in UNCACHED_KINDS:
                 continue
-            num_full = self._cacheable_blocks(rid, group_id, num_tokens)
+            cacheable = self._cacheable_tokens(group_id, num_tokens)
+            # Never a block without a hash.
+            num_full = min(cacheable // self.block_sizes[group_id], self.num_hashed_blocks(rid, group_id))
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
             for position in range(start, num_full):
@@ -524,24 +531,15 @@ class ManagerModel:
             if self.events is not None and start < num_full:
                 self.events.append(self._stored_event(rid, group_id, start, num_full))
             if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
-                self._cache_partial_tail(rid, group_id, self._cacheable_tokens(group_id, num_tokens))
+                self._cache_partial_tail(rid, group_id, cacheable)
 
     def _caches_position(self, group_id: int, position: int) -> bool:
-        """Whether group ``group_id`` caches its full block at ``position``: a sliding window whose hits
-        land on boundaries several of its blocks apart caches only the blocks a hit there needs, the
-        window's (and the EAGLE peek's) before each boundary."""
-        group = self.groups[group_id]
-        if group.kind not in SLIDING_KINDS:
+        """Whether group ``group_id`` caches its full block at ``position`` (see :attr:`sparse_windows`)."""
+        sparse = self.sparse_windows.get(group_id)
+        if sparse is None:
             return True
-        assert group.window is not None
-        block_size = self.block_sizes[group_id]
-        per_boundary = self.alignment // block_size
-        drops = group_id in self.dropping_group_ids
-        needed = ceil_div(group.window - 1, block_size) + drops
-        # The window's blocks before boundary k * per_boundary (shifted one on for the peek).
-        return needed >= per_boundary or (
-            position >= drops and (position - drops) % per_boundary >= per_boundary - needed
-        )
+        per_boundary, needed, shift = sparse
+        return position >= shift and (position - shift) % per_boundary >= per_boundary - needed
 
     def _cache_partial_tail(self, rid: str, group_id: int, num_tokens: int) -> None:
         """A full-attention group with blocks larger than the hashes also caches the prompt's last hash

@@ -11,7 +11,7 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.config import SLIDING_KINDS, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, TargetConfig
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -189,7 +189,12 @@ def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) ->
 
 
 def _partial_entries(model: ManagerModel) -> set[tuple[CacheKey, int]]:
-    """The cache entries under a partial key: a hash boundary inside its block."""
+    """The cache entries under a partial key: a hash boundary inside its block (none, without looking,
+    where no full-attention group's blocks are larger than the hashes)."""
+    if not any(
+        group.kind in FULL_HIT_KINDS and size != model.hash_size for group, size in zip(model.groups, model.block_sizes)
+    ):
+        return set()
     lookahead = model.config.num_hash_lookahead_tokens
     return {
         ((group_id, prefix), block_id)

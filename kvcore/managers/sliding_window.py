@@ -48,9 +48,9 @@ class SlidingWindowManager(SingleTypeManager):
     def caches_position(self, position: int) -> bool:
         """Only the blocks a hit can need: with hits aligned to more than a block, those of the window
         (and an EAGLE peek's block) before each aligned boundary."""
-        if self.hit_alignment % self.block_size:
+        per_boundary, rest = divmod(self.hit_alignment, self.block_size)
+        if rest or per_boundary == 1:
             return True
-        per_boundary = self.hit_alignment // self.block_size
         needed = contiguous_blocks_for_hit(self.spec.sliding_window, self.block_size) + (1 if self.drops_hits else 0)
         if needed >= per_boundary:
             return True
