@@ -1,5 +1,6 @@
 """Steps per second of the manager machine and the swarm driver: checks on and off, drafter and async
-features on and off, KV cache events on and off, mixed block sizes and finer hashes on and off.
+features on and off, KV cache events on and off, mixed block sizes and finer hashes on and off,
+retention intervals on and off.
 
 The runs of a driver with checks on and off draw the same derandomized
 examples, so that ratio is the cost of the checks alone.  With the features
@@ -107,6 +108,7 @@ def main() -> None:
     print_fast_mode(args)
     print_events_cost(args)
     print_block_sizes_cost(args)
+    print_retention_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -174,34 +176,54 @@ def print_block_sizes_cost(args: argparse.Namespace) -> None:
     """Mixed block sizes and hashes finer than the blocks drawn for every multi-group run of the swarm
     driver that vLLM accepts, then for none (the same draws otherwise), checked and unchecked: what
     per-group block sizes, hash views, sparse window caching and partial entries cost."""
+    print_share_cost(
+        args,
+        "block_sizes_share",
+        "mixed block sizes and finer hashes in every multi-group run or none",
+        ("sizes mixed", "one size"),
+    )
+
+
+def print_retention_cost(args: argparse.Namespace) -> None:
+    """A retention interval drawn for every swarm run with caching and a sliding window, then for none
+    (the same draws otherwise), checked and unchecked: what the per-request mask of the window's cached
+    blocks, the replay boundaries and the shared prefix cost."""
+    print_share_cost(
+        args,
+        "retention_share",
+        "a retention interval in every run with caching and a sliding window or in none",
+        ("interval", "none"),
+    )
+
+
+def print_share_cost(args: argparse.Namespace, keyword: str, what: str, columns: tuple[str, str]) -> None:
+    """The swarm driver's steps/s with a feature drawn wherever it can be (``keyword`` of
+    ``random_config`` at 1), then nowhere (at 0), checked and unchecked, and the ratios."""
     drawn = swarm_module.random_config
 
     def share(value: float) -> Callable[..., TargetConfig]:
         def config(*args: Any, **kwargs: Any) -> TargetConfig:
-            return drawn(*args, block_sizes_share=value, **kwargs)
+            return drawn(*args, **{keyword: value}, **kwargs)
 
         return config
 
     best: dict[tuple[bool, bool], float] = {}
     try:
         for _ in range(args.repeats):
-            for check, mixed in ((True, True), (True, False), (False, True), (False, False)):
-                swarm_module.random_config = share(1.0 if mixed else 0.0)  # type: ignore[assignment]
+            for check, on in ((True, True), (True, False), (False, True), (False, False)):
+                swarm_module.random_config = share(1.0 if on else 0.0)  # type: ignore[assignment]
                 report = swarm(
                     load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check
                 )
-                best[(check, mixed)] = max(best.get((check, mixed), 0.0), report.steps / report.seconds)
+                best[(check, on)] = max(best.get((check, on), 0.0), report.steps / report.seconds)
     finally:
         swarm_module.random_config = drawn
-    print(
-        f"swarm driver, kvcore, mixed block sizes and finer hashes in every multi-group run or none, same draws, "
-        f"best of {args.repeats}"
-    )
-    print(f"  {'':28} {'sizes mixed':>12} {'one size':>13}")
+    print(f"swarm driver, kvcore, {what}, same draws, best of {args.repeats}")
+    print(f"  {'':28} {columns[0]:>12} {columns[1]:>13}")
     for check, name in ((True, "all invariants checked"), (False, "checks off")):
         print(f"  {name:28} {best[(check, True)]:12,.0f} {best[(check, False)]:13,.0f}  steps/s")
     print(
-        f"  {'mixed / one size':28} {best[(True, True)] / best[(True, False)]:12.2f} "
+        f"  {columns[0] + ' / ' + columns[1]:28} {best[(True, True)] / best[(True, False)]:12.2f} "
         f"{best[(False, True)] / best[(False, False)]:13.2f}"
     )
 

@@ -212,7 +212,14 @@ class TargetConfig:
     encoder-decoder model (Whisper pads every input to one length): a
     cross-attention group gets blocks for that many tokens when a request is
     scheduled from waiting.  It is set exactly when a group is
-    ``cross_attention``, which needs prefix caching off."""
+    ``cross_attention``, which needs prefix caching off.
+
+    ``prefix_cache_retention_interval`` thins what a sliding window caches
+    (vLLM's sparse checkpoints): ``None`` caches what a hit on any scheduler
+    block boundary needs; a positive multiple of the scheduler block size
+    only what a hit at the end of each such interval needs, and ``0`` none
+    of those; both keep what hits at the request's replay boundaries and at
+    the end of a prefix shared with an earlier request need."""
 
     num_blocks: int
     block_size: int
@@ -232,6 +239,7 @@ class TargetConfig:
     enable_kv_cache_events: bool = False
     num_encoder_tokens: int = 0
     hash_block_size: int | None = None
+    prefix_cache_retention_interval: int | None = None
 
     def group_block_size(self, group_id: int) -> int:
         """Group ``group_id``'s block size: its own, or the cache's."""
@@ -398,7 +406,30 @@ class TargetConfig:
                     "refuses it)",
                 )
         self._validate_block_sizes()
+        self._validate_retention_interval()
         return self
+
+    def _validate_retention_interval(self) -> None:
+        """Refuse the retention intervals vLLM 0.33.0's coordinator refuses."""
+        interval = self.prefix_cache_retention_interval
+        if interval is None:
+            return
+        if not is_int(interval) or interval < 0:
+            raise ConfigError("prefix_cache_retention_interval", f"must be an integer >= 0, got {shown(interval)}")
+        if interval > MAX_SCHEDULE_TOKENS:
+            raise ConfigError("prefix_cache_retention_interval", above(interval, MAX_SCHEDULE_TOKENS, "tokens"))
+        if interval and not any(group.kind in SLIDING_KINDS or group.kind == "mamba" for group in self.groups):
+            raise ConfigError(
+                "prefix_cache_retention_interval",
+                f"{interval} with no sliding-window or Mamba group: retention thins only theirs (vLLM 0.33.0 "
+                "refuses it; 0 is accepted)",
+            )
+        if interval % self.scheduler_block_size:
+            raise ConfigError(
+                "prefix_cache_retention_interval",
+                f"{interval} is not a multiple of the scheduler block size {self.scheduler_block_size} (vLLM 0.33.0 "
+                "refuses it)",
+            )
 
     def _validate_block_sizes(self) -> None:
         """Refuse the hash granularity vLLM 0.33.0 refuses, and what kvcheck does not model of mixed sizes."""
@@ -478,6 +509,8 @@ class TargetConfig:
         if self.hash_size != self.scheduler_block_size or self.mixed_block_sizes:
             plural = "s" * (self.hash_size != 1)
             steps += f", hashes of {self.hash_size} token{plural}, hits of {self.scheduler_block_size}"
+        if self.prefix_cache_retention_interval is not None:
+            steps += f", retention interval {self.prefix_cache_retention_interval}"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -518,4 +551,6 @@ class TargetConfig:
             document["num_encoder_tokens"] = self.num_encoder_tokens
         if self.hash_block_size is not None:
             document["hash_block_size"] = self.hash_block_size
+        if self.prefix_cache_retention_interval is not None:
+            document["prefix_cache_retention_interval"] = self.prefix_cache_retention_interval
         return document

@@ -33,6 +33,10 @@ block size, and full-attention groups with blocks larger than the hashes
 cache a prompt's last hash boundary inside a block (a partial entry).  One
 multi-group configuration with caching in three hashes finer than its
 blocks (vLLM's ``prefix_match_unit``), which brings partial entries too.
+Half the configurations with caching and a sliding window set a retention
+interval (vLLM's sparse checkpoints): the window then caches only what hits
+at the interval's ends, the prompt's replay boundaries and shared prefixes'
+ends need.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import random
 
 import attrs
 
-from kvcheck.config import CACHING_OFF_KINDS, UNCACHED_KINDS, ConfigError, GroupSpec, TargetConfig
+from kvcheck.config import CACHING_OFF_KINDS, SLIDING_KINDS, UNCACHED_KINDS, ConfigError, GroupSpec, TargetConfig
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
@@ -141,6 +145,7 @@ def random_config(
     drafter_and_async: bool = True,
     layout: str | None = None,
     block_sizes_share: float = 1 / 3,
+    retention_share: float = 1 / 2,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -149,7 +154,8 @@ def random_config(
     of :data:`LAYOUTS`) fixes the layout; a shipped layout needing more groups than drawn, or caching
     off where ``caching`` is on, falls back to ``mixed``.  ``block_sizes_share`` is the share of
     multi-group draws that give groups blocks of different sizes, and of those with caching that hash
-    finer than their blocks (0: none; 1: every one vLLM accepts); the draws are the same otherwise."""
+    finer than their blocks (0: none; 1: every one vLLM accepts); ``retention_share`` the share of draws
+    with caching and a sliding window that set a retention interval; the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -245,7 +251,20 @@ def random_config(
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )
-    return _block_sizes(rng, config, block_sizes_share)
+    return _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
+
+
+def _retention_interval(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the draws with caching and a sliding window, a retention
+    interval: 0 (only the replay boundaries and shared prefixes) or two to eight scheduler blocks.
+    (Drawn last.)"""
+    if not config.enable_caching or not any(group.kind in SLIDING_KINDS for group in config.groups):
+        return config
+    if rng.random() >= share:
+        return config
+    # (One scheduler block would keep what no interval keeps: a hit may end on any of them.)
+    interval = rng.choice([0, 0, 2, 4, 8]) * config.scheduler_block_size
+    return attrs.evolve(config, prefix_cache_retention_interval=interval).validate()
 
 
 def _block_sizes(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

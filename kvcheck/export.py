@@ -1031,7 +1031,17 @@ def _make_manager(config: TargetConfig) -> str:
     if any(group.kind != "mamba" for group in config.groups):  # a Mamba spec takes no attention layout
         lines += lay_out(layout_node, indent=4, prefix="layout = ")
     lines += lay_out(groups_node, indent=4, prefix="groups = ")
-    lines.append(f"{INDENT}config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)")
+    retention: dict[str, Node] = {}
+    if config.prefix_cache_retention_interval is not None:
+        retention["prefix_cache_retention_interval"] = value_node(config.prefix_cache_retention_interval)
+    config_call = call(
+        "KVCacheConfig",
+        num_blocks=Atom("NUM_BLOCKS"),
+        kv_cache_tensors=Atom("[]"),
+        kv_cache_groups=Atom("groups"),
+        **retention,
+    )
+    lines += lay_out(config_call, indent=4, prefix="config = ")
     lines += lay_out(manager_call, indent=4, prefix="return ")
     lines += [
         "",

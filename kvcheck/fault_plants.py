@@ -308,7 +308,7 @@ def plant_hybrid_hit_takes_max(manager: kvcore.KVCacheManager) -> None:
     if spec_groups is None:
         return  # one group or no caching: there is nothing to combine
 
-    def find_longest_cache_hit(block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+    def find_longest_cache_hit(block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
         hit_blocks: list[list[KVBlock]] = [[] for _ in coordinator.managers]
         hit_length = 0
         for spec_group in spec_groups:
@@ -320,7 +320,7 @@ def plant_hybrid_hit_takes_max(manager: kvcore.KVCacheManager) -> None:
             # The bug: the groups' hits are combined with max, not min: the
             # hit is the longest prefix *some* group accepts.
             hit_length = max(hit_length, length)
-        return tuple(hit_blocks), hit_length
+        return tuple(hit_blocks), hit_length, 0
 
     coordinator.find_longest_cache_hit = find_longest_cache_hit  # type: ignore[method-assign]
 
@@ -556,12 +556,19 @@ def plant_stored_event_repeats_cached_blocks(manager: kvcore.KVCacheManager) -> 
         stored_event = group_manager._stored_event
 
         def stored_event_from_the_start(
-            request: kvcore.Request, num_cached: int, num_full: int, stored_event: Any = stored_event
+            request: kvcore.Request,
+            num_cached: int,
+            num_full: int,
+            positions: list[int],
+            stored_event: Any = stored_event,
+            group_manager: Any = group_manager,
         ) -> kvcore.BlockStored:
             # The bug: the event is built for every full block from position 0
             # (parent None), not for the blocks this call newly cached; a
             # consumer counts the blocks cached before as stored twice.
-            return stored_event(request, 0, num_full)  # type: ignore[no-any-return]
+            table = group_manager.req_to_blocks[request.request_id]
+            earlier = [p for p in range(num_cached) if table[p].block_hash is not None]
+            return stored_event(request, 0, num_full, earlier + positions)  # type: ignore[no-any-return]
 
         group_manager._stored_event = stored_event_from_the_start  # type: ignore[method-assign]
 
@@ -735,4 +742,40 @@ def plant_sliding_window_caches_unreachable_blocks(manager: kvcore.KVCacheManage
     for group_manager in manager.coordinator.managers:
         if isinstance(group_manager, SlidingWindowManager):
             # The bug: every full block is cached, also those no hit on a scheduler-block boundary needs.
-            group_manager.caches_position = lambda position: True  # type: ignore[method-assign]
+            group_manager.cached_positions = (  # type: ignore[method-assign]
+                lambda request, start, end, replay_boundaries: list(range(start, end))
+            )
+
+
+def plant_retention_drops_the_replay_boundary(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            cached_positions = group_manager.cached_positions
+
+            def without_replay_boundaries(
+                request: kvcore.Request,
+                start: int,
+                end: int,
+                replay_boundaries: Sequence[int],
+                cached_positions: Any = cached_positions,
+            ) -> list[int]:
+                # The bug: the replay boundaries are not passed on, so under a
+                # retention interval a resend of the prompt finds no window
+                # before its last token and falls back to an interval's end.
+                return cached_positions(request, start, end, ())  # type: ignore[no-any-return]
+
+            group_manager.cached_positions = without_replay_boundaries  # type: ignore[method-assign]
+
+
+def plant_shared_prefix_boundary_dropped(manager: kvcore.KVCacheManager) -> None:
+    get_computed_blocks = manager.get_computed_blocks
+
+    def hit_without_shared_prefix(request: kvcore.Request) -> tuple[HitBlocks, int]:
+        hit = get_computed_blocks(request)
+        # The bug: the scheduler keeps the hit but not the shared prefix the
+        # lookup found, so a window under a retention interval never keeps the
+        # end of a prefix another group cached, and requests sharing it miss.
+        request.shared_prefix_boundary = 0
+        return hit
+
+    manager.get_computed_blocks = hit_without_shared_prefix  # type: ignore[method-assign]

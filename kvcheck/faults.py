@@ -225,6 +225,18 @@ FAULTS: dict[str, Fault] = {
             "only the window's before each boundary",
             plants.plant_sliding_window_caches_unreachable_blocks,
         ),
+        Fault(
+            "retention-drops-the-replay-boundary",
+            "under a retention interval a sliding window keeps the blocks before each interval's end but not "
+            "those before the prompt's replay boundary: a resend of the prompt falls back to an interval's end",
+            plants.plant_retention_drops_the_replay_boundary,
+        ),
+        Fault(
+            "shared-prefix-boundary-dropped",
+            "the scheduler keeps a lookup's hit but drops the shared prefix it found past the hit: under a "
+            "retention interval no window keeps that prefix's end, so requests sharing it keep missing",
+            plants.plant_shared_prefix_boundary_dropped,
+        ),
     )
 }
 

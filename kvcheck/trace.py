@@ -191,6 +191,7 @@ class _Reader:
             "enable_kv_cache_events",
             "num_encoder_tokens",
             "hash_block_size",
+            "prefix_cache_retention_interval",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -234,6 +235,7 @@ class _Reader:
             raw.get("enable_kv_cache_events", False),
             raw.get("num_encoder_tokens", 0),
             raw.get("hash_block_size"),
+            raw.get("prefix_cache_retention_interval"),
         )
         try:
             return config.validate()

@@ -362,6 +362,38 @@ def _sliding_window_caches_unreachable_blocks(manager: Any) -> None:
             group_manager.reachable_block_mask = lambda *args, **kwargs: None
 
 
+def _retention_drops_the_replay_boundary(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, SlidingWindowManager):
+            cache_blocks = group_manager.cache_blocks
+
+            def without_replay_boundaries(
+                request: Any,
+                num_tokens: int,
+                retention_interval: int | None = None,
+                *,
+                replay_boundaries: Any,
+                cache_blocks: Any = cache_blocks,
+            ) -> None:
+                # The bug: the replay boundaries are not passed on to the mask.
+                cache_blocks(request, num_tokens, retention_interval, replay_boundaries=())
+
+            group_manager.cache_blocks = without_replay_boundaries
+
+
+def _shared_prefix_boundary_dropped(manager: Any) -> None:
+    get_computed_blocks = manager.get_computed_blocks
+
+    def hit_without_shared_prefix(request: Any, max_cache_hit_length: int | None = None) -> Any:
+        blocks, num_tokens, _ = get_computed_blocks(request, max_cache_hit_length)
+        # The bug: the shared prefix the lookup found is dropped.
+        return blocks, num_tokens, 0
+
+    manager.get_computed_blocks = hit_without_shared_prefix
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -477,6 +509,16 @@ VLLM_FAULTS: dict[str, Fault] = {
             "sliding-window-caches-unreachable-blocks",
             "vLLM SlidingWindowManager.reachable_block_mask returning no mask: every full block cached",
             _sliding_window_caches_unreachable_blocks,
+        ),
+        Fault(
+            "retention-drops-the-replay-boundary",
+            "vLLM SlidingWindowManager.cache_blocks building its mask without the replay boundaries",
+            _retention_drops_the_replay_boundary,
+        ),
+        Fault(
+            "shared-prefix-boundary-dropped",
+            "vLLM's scheduler dropping the shared_prefix_boundary get_computed_blocks returns",
+            _shared_prefix_boundary_dropped,
         ),
     )
 }

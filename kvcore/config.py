@@ -240,6 +240,12 @@ class KVCacheConfig:
     ``full_sequence_must_fit`` admission gate.  ``enable_kv_cache_events``
     queues a KV cache event (:mod:`kvcore.events`) for every change to the
     prefix cache, for :meth:`~kvcore.KVCacheManager.take_events`.
+    ``prefix_cache_retention_interval`` thins what a sliding window caches
+    (see :mod:`kvcore.managers.sliding_window`): ``None`` caches every block
+    a hit on the scheduler block size can need; ``0`` only the blocks a
+    hit at a request's replay boundaries (and at a shared prefix's end)
+    needs; a positive multiple of the scheduler block size those and the
+    blocks a hit needs at the end of every interval.
 
     Cross-attention and Mamba groups have no prefix cache, so they need caching off;
     with caching on, a hybrid cache needs a group that is not a ring buffer.
@@ -258,6 +264,7 @@ class KVCacheConfig:
     enable_kv_cache_events: bool = attrs.field(default=False, validator=_boolean)
     scheduler_block_size: int = attrs.field(default=None, validator=_optional_block_size)
     hash_block_size: int = attrs.field(default=None, validator=_optional_block_size)
+    prefix_cache_retention_interval: int | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
         # The sizes an engine resolves when they are not given (vLLM 0.33.0's resolve_kv_cache_block_sizes).
@@ -266,6 +273,7 @@ class KVCacheConfig:
         if self.hash_block_size is None:
             object.__setattr__(self, "hash_block_size", default_hash_block_size(self.groups, self.enable_caching))
         self._check_block_sizes()
+        self._check_retention_interval()
         for index, group_id in enumerate(self.eagle_group_ids):
             if not isinstance(group_id, int) or isinstance(group_id, bool) or not 0 <= group_id < len(self.groups):
                 raise InvalidConfig(
@@ -348,6 +356,29 @@ class KVCacheConfig:
                     f"chunked local attention in a hybrid prefix cache needs the scheduler_block_size "
                     f"(={scheduler}) (vLLM 0.33.0 asserts at its first lookup)",
                 )
+
+    def _check_retention_interval(self) -> None:
+        """Refuse the retention intervals vLLM 0.33.0's coordinator refuses."""
+        interval = self.prefix_cache_retention_interval
+        if interval is None:
+            return
+        if not isinstance(interval, int) or isinstance(interval, bool):
+            raise InvalidConfig("prefix_cache_retention_interval", interval, "must be None or an int")
+        sparse_kinds = (SlidingWindowSpec, SlidingWindowMLASpec, MambaSpec)
+        if not any(isinstance(spec, sparse_kinds) for spec in self.groups):
+            if interval:
+                raise InvalidConfig(
+                    "prefix_cache_retention_interval",
+                    interval,
+                    "no sliding-window or Mamba group, so a retention interval has no effect (0 is accepted)",
+                )
+            return
+        if interval < 0 or interval % self.scheduler_block_size:
+            raise InvalidConfig(
+                "prefix_cache_retention_interval",
+                interval,
+                f"must be >= 0 and a multiple of scheduler_block_size (={self.scheduler_block_size})",
+            )
 
     @property
     def mixed_block_sizes(self) -> bool:

@@ -35,12 +35,14 @@ class KVCacheCoordinator:
         """Hits are a multiple of this many tokens: the scheduler block size."""
         for manager in self.managers:
             manager.hit_alignment = config.scheduler_block_size
+            manager.retention_interval = config.prefix_cache_retention_interval
         if config.max_in_flight_tokens is not None:
             for manager in self.managers:
                 manager.max_admission_blocks = manager.admission_cap(config.max_in_flight_tokens, config.max_model_len)
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
-        """The hit blocks per group and the hit length in tokens."""
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
+        """The hit blocks per group, the hit length in tokens, and how many tokens past the hit some
+        group found cached (a prefix shared with an earlier request that another group has not cached)."""
         raise NotImplementedError
 
     def num_blocks_to_allocate(
@@ -103,9 +105,12 @@ class KVCacheCoordinator:
         return max(0, num_tokens - self.config.num_reprefillable_tokens)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        boundaries = replay_boundaries(
+            request.num_prompt_tokens, self.config.scheduler_block_size, bool(self.config.drop_group_ids)
+        )
         for group_id, manager in enumerate(self.managers):
             if manager.enable_caching:
-                manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, group_id))
+                manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, group_id), boundaries)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         for manager in self.managers:
@@ -130,8 +135,8 @@ class NoPrefixCacheCoordinator(KVCacheCoordinator):
     def __init__(self, config: KVCacheConfig) -> None:
         super().__init__(config, enable_caching=False)
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
-        return tuple([] for _ in self.managers), 0
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
+        return tuple([] for _ in self.managers), 0, 0
 
 
 class UnitaryCoordinator(KVCacheCoordinator):
@@ -139,13 +144,16 @@ class UnitaryCoordinator(KVCacheCoordinator):
 
     def __init__(self, config: KVCacheConfig) -> None:
         super().__init__(config, enable_caching=True)
+        self.managers[0].drops_hits = 0 in config.drop_group_ids
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
-        """The group's own hit; for an EAGLE drafter, its last block dropped (no look past the cap)."""
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
+        """The group's own hit; for an EAGLE drafter, its last block dropped (no look past the cap).  No
+        other group can have cached more."""
         manager = self.managers[0]
-        return manager.find_longest_cache_hit(
+        blocks, hit_length = manager.find_longest_cache_hit(
             block_hashes, max_length, [0], self.pool, manager.spec, drop_last=0 in self.config.drop_group_ids
         )
+        return blocks, hit_length, 0
 
 
 @attrs.frozen
@@ -188,7 +196,7 @@ class HybridCoordinator(KVCacheCoordinator):
         for group_id in self.dropping_group_ids:
             self.managers[group_id].drops_hits = True
 
-    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int]:
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
         """The longest prefix every group accepts, found by a fixed-point iteration.
 
         Each spec group in turn either accepts the current candidate length or
@@ -206,6 +214,9 @@ class HybridCoordinator(KVCacheCoordinator):
         it drops again at a lower candidate only after a lookup that did not
         drop lowered the candidate (a lowering by another group's own drop
         keeps it verified).
+
+        The longest length any lookup returned, less the hit, is the shared
+        prefix some group cached and another did not (third value).
         """
         num_groups = len(self.managers)
         hit_blocks: list[list[KVBlock] | None] = [None] * num_groups
@@ -215,6 +226,7 @@ class HybridCoordinator(KVCacheCoordinator):
         alignment = self.hit_alignment
         verified: set[int] = set()
         hit_length = max_length
+        longest = 0
         while True:
             candidate = hit_length
             for index, spec_group in enumerate(self.spec_groups):
@@ -238,6 +250,7 @@ class HybridCoordinator(KVCacheCoordinator):
                 elif found < candidate:
                     verified.clear()
                 candidate = found
+                longest = max(longest, found)
                 for group_id, group_blocks in zip(spec_group.group_ids, blocks):
                     hit_blocks[group_id] = group_blocks
                     hit_lengths[group_id] = candidate
@@ -253,7 +266,7 @@ class HybridCoordinator(KVCacheCoordinator):
                     trimmed = hit_blocks[group_id]
                     if trimmed is not None:
                         del trimmed[num_blocks:]
-        return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length
+        return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length, longest - hit_length
 
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
         """A hybrid cache caches up to a hit boundary (a multiple of the scheduler block size); only a
@@ -265,6 +278,18 @@ class HybridCoordinator(KVCacheCoordinator):
             finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
             return min(finalized, finalized // alignment * alignment + self.managers[group_id].block_size)
         return aligned
+
+
+def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, drops: bool) -> tuple[int, ...]:
+    """Where a later request repeating the prompt resumes: a resend hits up to its last token
+    (``num_prompt_tokens - 1``).  With an EAGLE drafter, a hit lands one scheduler block below an
+    aligned boundary: that of the resend and that of a longer request sharing the whole prompt."""
+    if not drops:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    longer = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(longer - block, 0)}))
 
 
 def make_coordinator(config: KVCacheConfig) -> KVCacheCoordinator:

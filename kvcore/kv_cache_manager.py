@@ -48,13 +48,18 @@ class KVCacheManager:
         The hit is capped at ``num_tokens - 1`` tokens (at least one token is
         always computed, to produce logits), so a block-aligned prompt never
         hits its last block.  Nothing changes until :meth:`allocate_slots`
-        takes the hit.
+        takes the hit, but the lookup records on the request the end of a
+        longer prefix some group found cached (``shared_prefix_boundary``,
+        see :class:`~kvcore.Request`).
         """
         if not self.enable_caching:
+            request.shared_prefix_boundary = 0
             return tuple([] for _ in range(self.num_groups)), 0
         # Nor past the hashed blocks (hashes that look ahead end before the tokens do).
         max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.config.hash_block_size)
-        return self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
+        blocks, hit_length, num_uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
+        request.shared_prefix_boundary = hit_length + num_uncached if num_uncached else 0
+        return blocks, hit_length
 
     def allocate_slots(
         self,

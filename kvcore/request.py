@@ -25,7 +25,11 @@ class Request:
     frees blocks that left the attention window.  ``waiting`` is set while
     the request waits to be scheduled (new or preempted): the scheduler
     clears it once the request runs, and the watermark applies only to
-    waiting requests.
+    waiting requests.  ``shared_prefix_boundary`` is set by each prefix
+    lookup (:meth:`~kvcore.KVCacheManager.get_computed_blocks`): where a
+    prefix some group found cached ends when a sparsely caching group held
+    the hit shorter (0 otherwise), so that a sliding window under a
+    retention interval keeps the blocks a hit there needs.
     """
 
     __slots__ = (
@@ -39,6 +43,7 @@ class Request:
         "num_computed_tokens",
         "num_in_flight_tokens",
         "waiting",
+        "shared_prefix_boundary",
     )
 
     def __init__(
@@ -67,6 +72,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.waiting = True
+        self.shared_prefix_boundary = 0
 
     @property
     def num_tokens(self) -> int:

@@ -68,6 +68,9 @@ class RequestModel:
     loading: bool = False
     waiting: bool = True
     """New or preempted, and not admitted since (vLLM's WAITING and PREEMPTED)."""
+    shared_prefix_boundary: int = 0
+    """Set by each lookup: the end of the longer prefix a group found cached when the hit fell short of
+    it (0 when none did)."""
 
 
 class ManagerModel:
@@ -95,18 +98,22 @@ class ManagerModel:
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
         self.dropping_specs = frozenset(self.specs[g] for g in config.drop_group_ids)
         self.dropping_group_ids = frozenset(g for g, spec in enumerate(self.specs) if spec in self.dropping_specs)
-        # A sliding window whose hits land on boundaries several of its blocks apart caches only the
-        # blocks a hit there needs: the window's (and an EAGLE peek's) before each boundary.  Group id
-        # -> (blocks between boundaries, blocks needed before one, 1 with the peek's shift else 0).
-        self.sparse_windows: dict[int, tuple[int, int, int]] = {}
+        # A sliding window caches only the blocks a hit needs: the window's (and an EAGLE peek's, which
+        # shifts them a block up) before a boundary a hit can end on.  Those are every scheduler block
+        # boundary, or with a retention interval every interval's end (none for 0), and then also the
+        # request's replay boundaries and its shared prefix's end.  Group id -> (tokens between periodic
+        # boundaries or None, blocks needed before one, the shift); absent: every block is cached.
+        self.retention = config.prefix_cache_retention_interval
+        periodic = self.alignment if self.retention is None else (self.retention or None)
+        self.sparse_windows: dict[int, tuple[int | None, int, int]] = {}
         for group_id, group in enumerate(config.groups):
             if group.kind in SLIDING_KINDS:
                 assert group.window is not None
                 block_size = self.block_sizes[group_id]
                 shift = int(group_id in self.dropping_group_ids)
                 needed = ceil_div(group.window - 1, block_size) + shift
-                if needed < self.alignment // block_size:
-                    self.sparse_windows[group_id] = (self.alignment // block_size, needed, shift)
+                if periodic is None or needed < periodic // block_size:
+                    self.sparse_windows[group_id] = (periodic, needed, shift)
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -137,14 +144,23 @@ class ManagerModel:
 
         With an EAGLE drafter the hit is :meth:`eagle_hit_blocks` instead.
         The hit's blocks in each group are those its attention type needs
-        before the boundary (null blocks elsewhere)."""
+        before the boundary (null blocks elsewhere).  The request records the
+        longest hit a single lookup found, where it exceeds the hit
+        (``shared_prefix_boundary``)."""
+        request = self.requests[request_id]
+        request.shared_prefix_boundary = 0
         if all(group.kind in UNCACHED_KINDS for group in self.groups):
             return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
         dropping = self.config.drop_group_ids
         # The EAGLE drop is modelled over one block size (TargetConfig refuses it over mixed ones).
-        hit_tokens = (
-            self.eagle_hit_blocks(request_id) * self.block_size if dropping else self.plain_hit_tokens(request_id)
-        )
+        if dropping:
+            hit_blocks, longest = self.eagle_hit_blocks(request_id)
+            hit_tokens = hit_blocks * self.block_size
+        else:
+            hit_tokens = self.plain_hit_tokens(request_id)
+            longest = self.first_lookup_tokens(request_id)
+        if longest > hit_tokens:
+            request.shared_prefix_boundary = longest
         found = []
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
@@ -170,6 +186,31 @@ class ManagerModel:
             if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in range(len(self.groups)))
         )
 
+    def lookup_order(self) -> list[tuple[GroupSpec, list[int]]]:
+        """The groups in the prefix cache, by spec (kind, reach and block size; looked up together), full
+        attention's first, then in group order."""
+        spec_groups: dict[GroupSpec, list[int]] = {}
+        for group_id, group in enumerate(self.specs):
+            if group.kind not in UNCACHED_KINDS:
+                spec_groups.setdefault(group, []).append(group_id)
+        return sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
+
+    def first_lookup_tokens(self, request_id: str) -> int:
+        """The hit, in tokens, the first spec group's lookup finds (no drafter): the longest every group
+        of that spec accepts, below the last token and on the scheduler block size.  No later lookup
+        finds a longer one."""
+        if len(self.groups) == 1:
+            return 0  # one group: no other lookup can fall short of it
+        group_ids = self.lookup_order()[0][1]
+        num_tokens = len(self.requests[request_id].tokens)
+        align = self.alignment
+        top = min(num_tokens - 1, self.num_hashed_tokens(request_id)) // align
+        return next(
+            h * align
+            for h in range(top, -1, -1)
+            if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in group_ids)
+        )
+
     def accepts(self, request_id: str, group_id: int, hit_blocks: int, peek: bool = False) -> bool:
         """Group ``group_id`` finds cached what a hit of ``hit_blocks`` of its blocks needs; with ``peek``,
         the block right after the boundary too (an EAGLE drafter's look at the next block)."""
@@ -179,8 +220,9 @@ class ManagerModel:
             positions.append(hit_blocks)
         return all(self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) is not None for p in positions)
 
-    def eagle_hit_blocks(self, request_id: str) -> int:
-        """The hit, in blocks, for an EAGLE drafter, as vLLM 0.33.0 finds it.
+    def eagle_hit_blocks(self, request_id: str) -> tuple[int, int]:
+        """The hit, in blocks, for an EAGLE drafter, as vLLM 0.33.0 finds it, and the longest hit in
+        tokens a single lookup found.
 
         A group's lookup with the drop takes the longest hit whose next block
         (the peek) is cached too, and may look one block past the candidate,
@@ -196,13 +238,10 @@ class ManagerModel:
         num_tokens = len(self.requests[request_id].tokens)
         capped_blocks = (num_tokens - 1) // self.block_size
         if len(self.groups) == 1:
-            return self._longest_accepted(request_id, [0], capped_blocks, peek=True)
+            return self._longest_accepted(request_id, [0], capped_blocks, peek=True), 0
         full_blocks = self.num_hashed_blocks(request_id)
-        spec_groups: dict[GroupSpec, list[int]] = {}
-        for group_id, group in enumerate(self.specs):
-            if group.kind not in UNCACHED_KINDS:
-                spec_groups.setdefault(group, []).append(group_id)
-        order = sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
+        order = self.lookup_order()
+        longest = 0
         one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         full_hits: dict[GroupSpec, int] = {}
         verified: set[GroupSpec] = set()
@@ -222,10 +261,11 @@ class ManagerModel:
                 elif found < current:
                     verified.clear()
                 current = found
+                longest = max(longest, found)
                 if spec.kind in FULL_HIT_KINDS:
                     full_hits[spec] = found // self.block_size
             if current >= candidate_tokens or one_pass:
-                return min(current, candidate_tokens) // self.block_size
+                return min(current, candidate_tokens) // self.block_size, longest
             candidate_tokens = current
 
     def _longest_accepted(self, request_id: str, group_ids: list[int], limit_blocks: int, peek: bool) -> int:
@@ -524,22 +564,45 @@ class ManagerModel:
             num_full = min(cacheable // self.block_sizes[group_id], self.num_hashed_blocks(rid, group_id))
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
-            for position in range(start, num_full):
-                if self._caches_position(group_id, position):
-                    self.pool.cache_block(table[position], (group_id, self.prefix(rid, position, group_id)))
+            for position in self._cached_positions(rid, group_id, start, num_full):
+                self.pool.cache_block(table[position], (group_id, self.prefix(rid, position, group_id)))
             self.num_cached[(rid, group_id)] = max(start, num_full)
             if self.events is not None and start < num_full:
                 self.events.append(self._stored_event(rid, group_id, start, num_full))
             if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
                 self._cache_partial_tail(rid, group_id, cacheable)
 
-    def _caches_position(self, group_id: int, position: int) -> bool:
-        """Whether group ``group_id`` caches its full block at ``position`` (see :attr:`sparse_windows`)."""
+    def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
+        """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
+        :attr:`sparse_windows`): those ``needed`` blocks up to ``shift`` past a boundary a hit can end on."""
         sparse = self.sparse_windows.get(group_id)
         if sparse is None:
-            return True
-        per_boundary, needed, shift = sparse
-        return position >= shift and (position - shift) % per_boundary >= per_boundary - needed
+            return list(range(start, end))
+        periodic, needed, shift = sparse
+        block_size = self.block_sizes[group_id]
+        ends: set[int] = set()  # the block positions the kept runs end before
+        if periodic is not None:
+            per = periodic // block_size
+            # The boundaries k * periodic (k >= 1) whose runs can reach into [start, end).
+            first = max(1, (start - shift) // per)
+            ends.update(k * per + shift for k in range(first, (end - shift + needed) // per + 2))
+        if self.retention is not None:
+            request = self.requests[rid]
+            boundaries = [request.num_prompt_tokens - 1]
+            if self.config.drop_group_ids:
+                # A hit lands a scheduler block below the boundary of a resend and of a longer request.
+                align = self.alignment
+                boundaries = [
+                    max(0, (request.num_prompt_tokens - 1) // align * align - align),
+                    max(0, request.num_prompt_tokens // align * align - align),
+                ]
+            junction = request.shared_prefix_boundary
+            if junction:
+                boundaries.append(junction)
+                if shift:
+                    boundaries.append(junction - block_size)
+            ends.update(b // self.alignment * self.alignment // block_size + shift for b in boundaries)
+        return [p for p in range(start, end) if any(stop - needed <= p < stop for stop in ends)]
 
     def _cache_partial_tail(self, rid: str, group_id: int, num_tokens: int) -> None:
         """A full-attention group with blocks larger than the hashes also caches the prompt's last hash
@@ -574,7 +637,7 @@ class ManagerModel:
         blocks', after the prefix before ``start``, with the tokens of every position."""
         tokens = self.requests[rid].tokens
         table = self.table(rid, group_id)
-        entered = [p for p in range(start, end) if table[p] != NULL and self._caches_position(group_id, p)]
+        entered = [p for p in self._cached_positions(rid, group_id, start, end) if table[p] != NULL]
         lookahead = self.config.num_hash_lookahead_tokens
         block_size = self.block_sizes[group_id]
         return StoredEvent(

@@ -50,6 +50,8 @@ MAMBA_SPECULATIVE_REFUSED = "Mamba speculative blocks made a step not fit"
 HIT_ACROSS_MLA_AND_FULL = "prefix hit across MLA and full-attention groups"
 HIT_ACROSS_BLOCK_SIZES = "prefix hit across groups of different block sizes"
 PARTIAL_ENTRY_CACHED = "prompt's last hash boundary cached inside a block"
+RETENTION_HIT = "prefix hit on a sliding window under a retention interval"
+SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a retention interval"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -77,13 +79,16 @@ ALL_LABELS = (
     HIT_ACROSS_MLA_AND_FULL,
     HIT_ACROSS_BLOCK_SIZES,
     PARTIAL_ENTRY_CACHED,
+    RETENTION_HIT,
+    SHARED_PREFIX_RECORDED,
 )
 
 
 def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
     """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
-    1 to 4): a hit across all groups (or across MLA and full attention) needs two groups at least, and
-    cross-attention sits beside the decoder's self-attention."""
+    1 to 4): a hit across all groups (or across MLA and full attention) needs two groups at least, as
+    does a shared prefix one group cached past the hit, and cross-attention sits beside the decoder's
+    self-attention."""
     if num_groups == 1:
         multi_group = (
             HIT_ACROSS_ALL_GROUPS,
@@ -91,6 +96,7 @@ def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
             HIT_ACROSS_MLA_AND_FULL,
             HIT_ACROSS_BLOCK_SIZES,
             PARTIAL_ENTRY_CACHED,
+            SHARED_PREFIX_RECORDED,
         )
         return tuple(label for label in ALL_LABELS if label not in multi_group)
     return ALL_LABELS
@@ -271,6 +277,11 @@ def step_labels(
         labels.append(HIT_ACROSS_BLOCK_SIZES)
     if _partial_entries(model) - before.partial_entries:
         labels.append(PARTIAL_ENTRY_CACHED)
+    if isinstance(op, Schedule) and model.retention is not None and model.sparse_windows:
+        if result.admitted and result.hit_length:
+            labels.append(RETENTION_HIT)
+        if result.hit_length is not None and model.requests[op.request_id].shared_prefix_boundary:
+            labels.append(SHARED_PREFIX_RECORDED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

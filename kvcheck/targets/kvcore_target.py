@@ -49,6 +49,7 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         enable_kv_cache_events=config.enable_kv_cache_events,
         scheduler_block_size=config.scheduler_block_size,
         hash_block_size=config.hash_size,
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
     )
 
 

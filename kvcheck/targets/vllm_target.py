@@ -185,17 +185,25 @@ def make_manager(
     enable_kv_cache_events: bool = False,
     scheduler_block_size: int | None = None,
     hash_block_size: int | None = None,
+    prefix_cache_retention_interval: int | None = None,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
     groups in ``eagle_group_ids`` hold a drafter's layers.  ``block_size`` is every group's, or one per
-    group; the scheduler and hash block sizes default to the (one) block size."""
+    group; the scheduler and hash block sizes default to the (one) block size.
+    ``prefix_cache_retention_interval`` is the cache configuration's, as vLLM's engine copies it into
+    the KV cache configuration."""
     v = require_vllm()
     block_sizes = [block_size] * len(groups) if isinstance(block_size, int) else list(block_size)
     kv_cache_groups = [
         v.KVCacheGroupSpec([f"layers.{index}"], attention_spec(group, size), is_eagle_group=index in eagle_group_ids)
         for index, (group, size) in enumerate(zip(groups, block_sizes))
     ]
-    config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=kv_cache_groups)
+    config = v.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=kv_cache_groups,
+        prefix_cache_retention_interval=prefix_cache_retention_interval,
+    )
     return v.KVCacheManager(
         config,
         max_model_len=max_model_len,
@@ -273,6 +281,7 @@ class VllmTarget(SchedulerDrivenTarget):
             enable_kv_cache_events=config.enable_kv_cache_events,
             scheduler_block_size=config.scheduler_block_size,
             hash_block_size=config.hash_size,
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only

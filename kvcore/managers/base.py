@@ -58,9 +58,11 @@ class SingleTypeManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.drops_hits = False
-        """The group's hits drop a block for an EAGLE drafter (set by a hybrid coordinator)."""
+        """The group's hits drop a block for an EAGLE drafter (set by the coordinator)."""
         self.hit_alignment = spec.block_size
         """Hits are a multiple of this many tokens (set by the coordinator: the scheduler block size)."""
+        self.retention_interval: int | None = None
+        """The configuration's ``prefix_cache_retention_interval`` (set by the coordinator)."""
         self.max_admission_blocks: int | None = None
         """The most blocks a request of this group holds at once (groups that free blocks as they go), set
         by the coordinator from ``max_in_flight_tokens``; ``None``: a request may hold a block per slot."""
@@ -188,8 +190,10 @@ class SingleTypeManager:
 
     # -- caching and freeing --------------------------------------------------
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Enter the request's full blocks among its first ``num_tokens`` tokens in the prefix cache."""
+    def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:
+        """Enter the request's full blocks among its first ``num_tokens`` tokens in the prefix cache (those
+        :meth:`cached_positions` names; ``replay_boundaries`` are where a request repeating the prompt
+        resumes)."""
         request_id = request.request_id
         num_cached = self.num_cached_blocks.get(request_id, 0)
         block_hashes = self.block_hashes(request)
@@ -197,25 +201,27 @@ class SingleTypeManager:
         if num_cached >= num_full:
             return
         table = self.req_to_blocks[request_id]
-        positions = [p for p in range(num_cached, num_full) if self.caches_position(p)]
+        positions = self.cached_positions(request, num_cached, num_full, replay_boundaries)
         self.pool.cache_blocks([table[p] for p in positions], [block_hashes[p] for p in positions], self.group_id)
         self.num_cached_blocks[request_id] = num_full
         if self.pool.enable_kv_cache_events:
-            self.pool.record_event(self._stored_event(request, num_cached, num_full))
+            self.pool.record_event(self._stored_event(request, num_cached, num_full, positions))
 
     def block_hashes(self, request: Request) -> Sequence[BlockHash]:
         """The request's block hashes at this group's block size."""
         return block_hashes_at(request.block_hashes, self.pool.hash_block_size, self.block_size)
 
-    def caches_position(self, position: int) -> bool:
-        """Whether a full block at table ``position`` can serve a hit, and so is cached: every one here."""
-        return True
+    def cached_positions(self, request: Request, start: int, end: int, replay_boundaries: Sequence[int]) -> list[int]:
+        """The table positions in ``[start, end)`` whose full blocks can serve a hit, and so are cached:
+        every one here."""
+        return list(range(start, end))
 
-    def _stored_event(self, request: Request, num_cached: int, num_full: int) -> BlockStored:
-        """The event of caching blocks ``num_cached`` to ``num_full`` of the request's table."""
+    def _stored_event(self, request: Request, num_cached: int, num_full: int, positions: Sequence[int]) -> BlockStored:
+        """The event of caching blocks ``num_cached`` to ``num_full`` of the request's table, entering those
+        at ``positions`` that are not null."""
         block_size = self.block_size
         table = self.req_to_blocks[request.request_id]
-        positions = [p for p in range(num_cached, num_full) if not table[p].is_null and self.caches_position(p)]
+        positions = [p for p in positions if not table[p].is_null]
         tokens = request.all_token_ids
         lookahead = request.num_hash_lookahead_tokens
         block_hashes = self.block_hashes(request)

@@ -54,8 +54,8 @@ class FullAttentionManager(SingleTypeManager):
             del group_blocks[ceil_div(hit_length, block_size) :]
         return hit, hit_length
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        super().cache_blocks(request, num_tokens)
+    def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:
+        super().cache_blocks(request, num_tokens, replay_boundaries)
         hash_block_size = self.pool.hash_block_size
         if hash_block_size is None or hash_block_size == self.block_size:
             return

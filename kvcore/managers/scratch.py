@@ -26,7 +26,7 @@ class _UncachedManager(TakesNoHit, SingleTypeManager):
                 "new_computed_blocks", len(new_computed_blocks), f"group {self.group_id} ({self.kind}) takes no hit"
             )
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:
         return
 
 

@@ -9,6 +9,7 @@ from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec
 from kvcore.hashing import BlockHash
 from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at, drop_last_block
+from kvcore.request import Request
 
 
 def _trim_to_alignment(hit: HitBlocks, block_size: int, alignment: int) -> None:
@@ -45,17 +46,42 @@ class SlidingWindowManager(SingleTypeManager):
             num_tokens = min(num_tokens, max_model_len)
         return ceil_div(num_tokens, self.block_size) + 1
 
-    def caches_position(self, position: int) -> bool:
-        """Only the blocks a hit can need: with hits aligned to more than a block, those of the window
-        (and an EAGLE peek's block) before each aligned boundary."""
-        per_boundary, rest = divmod(self.hit_alignment, self.block_size)
-        if rest or per_boundary == 1:
-            return True
-        needed = contiguous_blocks_for_hit(self.spec.sliding_window, self.block_size) + (1 if self.drops_hits else 0)
-        if needed >= per_boundary:
-            return True
+    def cached_positions(self, request: Request, start: int, end: int, replay_boundaries: Sequence[int]) -> list[int]:
+        """Only the blocks a hit can need: those of the window (and an EAGLE peek's block) before a
+        boundary a hit can end on.
+
+        Without a retention interval, those boundaries are every multiple of
+        the scheduler block size (so with hits one block apart, every block is
+        cached).  A retention interval keeps the boundaries every interval
+        tokens (none for 0), and always the request's replay boundaries and
+        the end of a prefix it shares with a request looked up before (where
+        a hit a group found stopped), each rounded down to a hit boundary.
+        """
+        block_size = self.block_size
+        alignment = self.hit_alignment
+        if alignment % block_size:
+            return list(range(start, end))
+        needed = contiguous_blocks_for_hit(self.spec.sliding_window, block_size) + (1 if self.drops_hits else 0)
+        # The run before a boundary ends on the block past it when an EAGLE drafter peeks there.
         shift = 1 if self.drops_hits else 0
-        return position >= shift and (position - shift) % per_boundary >= per_boundary - needed
+        retention = self.retention_interval
+        interval = alignment if retention is None else retention
+        kept: set[int] = set()
+        if interval:
+            per_interval = interval // block_size
+            if needed >= per_interval:
+                return list(range(start, end))
+            kept.update(p for p in range(max(start, shift), end) if (p - shift) % per_interval >= per_interval - needed)
+        if retention is not None:
+            boundaries = list(replay_boundaries)
+            junction = request.shared_prefix_boundary
+            if junction:
+                # A request diverging right after the junction cannot peek past it: its hit lands a block lower.
+                boundaries += [junction, junction - block_size] if self.drops_hits else [junction]
+            for boundary in boundaries:
+                stop = boundary // alignment * alignment // block_size + shift
+                kept.update(range(max(start, stop - needed), min(end, stop)))
+        return sorted(kept)
 
     @classmethod
     def find_longest_cache_hit(

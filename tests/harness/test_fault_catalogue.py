@@ -285,6 +285,21 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 0)), Schedule("r0", 2)],
         "cache_matches_model",
     ),
+    # A 2-token window under a retention interval of 0 keeps only the block before the replay boundary
+    # (token 1 of a 2-token prompt): block 0.
+    "retention-drops-the-replay-boundary": (
+        TargetConfig(4, 1, (GroupSpec("sliding_window", 2),), True, prefix_cache_retention_interval=0),
+        [AddRequest("r0", (0, 1)), Schedule("r0", 2)],
+        "cache_matches_model",
+    ),
+    # Full attention beside a 2-token window, interval 0: r0's window keeps its block 1 only, so r1,
+    # sharing token 1, misses; the lookup found the 1-token prefix in full attention, and r1's window
+    # keeps its block 0 for it.
+    "shared-prefix-boundary-dropped": (
+        TargetConfig(13, 1, (FULL, GroupSpec("sliding_window", 2)), True, prefix_cache_retention_interval=0),
+        [AddRequest("r0", (1, 2, 3)), Schedule("r0", 3), AddRequest("r1", (1, 9, 9)), Schedule("r1", 3)],
+        "cache_matches_model",
+    ),
 }
 
 

@@ -836,6 +836,23 @@ def test_drafter_and_async_fields_round_trip() -> None:
             r"config.groups\[1\].block_size",
             "enters the ring's scratch block in the prefix cache",
         ),
+        ({"prefix_cache_retention_interval": -2}, "config.prefix_cache_retention_interval", ">= 0, got -2"),
+        ({"prefix_cache_retention_interval": "4"}, "config.prefix_cache_retention_interval", ">= 0, got '4'"),
+        (
+            {"groups": [{"kind": "full"}], "prefix_cache_retention_interval": 4},
+            "config.prefix_cache_retention_interval",
+            "no sliding-window or Mamba group",
+        ),
+        (
+            {"groups": [{"kind": "sliding_window", "window": 3}], "prefix_cache_retention_interval": 3},
+            "config.prefix_cache_retention_interval",
+            "3 is not a multiple of the scheduler block size 2",
+        ),
+        (
+            {"groups": [{"kind": "sliding_window", "window": 3}], "prefix_cache_retention_interval": 70000},
+            "config.prefix_cache_retention_interval",
+            "limit of 65536",
+        ),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(
