@@ -474,11 +474,6 @@ class TargetConfig:
                     f"{size} with prefix caching and hashes of {hashing} tokens: vLLM 0.33.0 enters the ring's scratch "
                     "block in the prefix cache under a partial key (not modelled)",
                 )
-        if self.mixed_block_sizes and self.drop_group_ids:
-            raise ConfigError(
-                "use_eagle",
-                "true with groups of different block sizes: the EAGLE drop over mixed block sizes is not modelled",
-            )
 
     def describe(self) -> str:
         kinds = ", ".join(group.describe() for group in self.groups)

@@ -279,7 +279,7 @@ def _block_sizes(rng: random.Random, config: TargetConfig, share: float) -> Targ
     larger = [rng.random() < 1 / 2 for _ in config.groups]
     finer = config.enable_caching and rng.random() < share
     groups = config.groups
-    if mixed and not config.drop_group_ids:
+    if mixed:
         groups = tuple(
             attrs.evolve(group, block_size=config.block_size * factor)
             if large and group.kind not in UNCACHED_KINDS

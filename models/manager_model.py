@@ -142,7 +142,7 @@ class ManagerModel:
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
         """The longest block-aligned prefix, below the last token, that every group finds cached.
 
-        With an EAGLE drafter the hit is :meth:`eagle_hit_blocks` instead.
+        With an EAGLE drafter the hit is :meth:`eagle_hit_tokens` instead.
         The hit's blocks in each group are those its attention type needs
         before the boundary (null blocks elsewhere).  The request records the
         longest hit a single lookup found, where it exceeds the hit
@@ -151,11 +151,8 @@ class ManagerModel:
         request.shared_prefix_boundary = 0
         if all(group.kind in UNCACHED_KINDS for group in self.groups):
             return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
-        dropping = self.config.drop_group_ids
-        # The EAGLE drop is modelled over one block size (TargetConfig refuses it over mixed ones).
-        if dropping:
-            hit_blocks, longest = self.eagle_hit_blocks(request_id)
-            hit_tokens = hit_blocks * self.block_size
+        if self.config.drop_group_ids:
+            hit_tokens, longest = self.eagle_hit_tokens(request_id)
         else:
             hit_tokens = self.plain_hit_tokens(request_id)
             longest = self.first_lookup_tokens(request_id)
@@ -220,42 +217,43 @@ class ManagerModel:
             positions.append(hit_blocks)
         return all(self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) is not None for p in positions)
 
-    def eagle_hit_blocks(self, request_id: str) -> tuple[int, int]:
-        """The hit, in blocks, for an EAGLE drafter, as vLLM 0.33.0 finds it, and the longest hit in
-        tokens a single lookup found.
+    def eagle_hit_tokens(self, request_id: str) -> tuple[int, int]:
+        """The hit, in tokens, for an EAGLE drafter, as vLLM 0.33.0 finds it, and the longest hit a
+        single lookup found.
 
-        A group's lookup with the drop takes the longest hit whose next block
-        (the peek) is cached too, and may look one block past the candidate,
-        up to the last full block of the request.  With one group there is
-        no look past: the candidate is the ``num_tokens - 1`` cap.  With
-        several, groups of one spec are looked up together, full attention
-        first; each lowers the candidate to the longest hit it accepts; the
-        passes repeat until no group lowers it (one pass for full attention
-        plus one other spec).  A group drops (needs the peek) on its first
-        lookup and again only after a lookup without a drop lowered the
-        candidate; full attention is looked up once and only trims after.
+        A group's lookup with the drop takes the longest hit on the
+        scheduler block size whose next block of the group (the peek) is
+        cached too, and may look one of its blocks past the candidate, up to
+        the request's last hash.  With one group there is no look past: the
+        candidate is the ``num_tokens - 1`` cap.  With several, groups of one
+        spec are looked up together, full attention first; each lowers the
+        candidate to the longest hit it accepts; the passes repeat until no
+        group lowers it (one pass for full attention plus one other spec).  A
+        group drops (needs the peek) on its first lookup and again only after
+        a lookup without a drop lowered the candidate; full attention is
+        looked up once and only trims after.
         """
         num_tokens = len(self.requests[request_id].tokens)
-        capped_blocks = (num_tokens - 1) // self.block_size
         if len(self.groups) == 1:
-            return self._longest_accepted(request_id, [0], capped_blocks, peek=True), 0
-        full_blocks = self.num_hashed_blocks(request_id)
+            return self._longest_accepted(request_id, [0], num_tokens - 1, peek=True), 0
+        hashed = self.num_hashed_tokens(request_id)
         order = self.lookup_order()
         longest = 0
         one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         full_hits: dict[GroupSpec, int] = {}
         verified: set[GroupSpec] = set()
-        # The cap in tokens, as the first candidate: num_tokens - 1, not block-aligned.
-        candidate_tokens = num_tokens - 1
+        # The cap in tokens, as the first candidate: num_tokens - 1, not aligned.
+        candidate = num_tokens - 1
         while True:
-            current = candidate_tokens
+            current = candidate
             for spec, group_ids in order:
                 if spec in full_hits:
-                    current = min(current, full_hits[spec] * self.block_size)
+                    current = min(current, full_hits[spec])
                     continue
                 drop = spec in self.dropping_specs and spec not in verified
-                limit = min(current // self.block_size + 1, full_blocks) if drop else current // self.block_size
-                found = self._longest_accepted(request_id, group_ids, limit, peek=drop) * self.block_size
+                assert spec.block_size is not None
+                limit = min(current + spec.block_size, hashed) if drop else current
+                found = self._longest_accepted(request_id, group_ids, limit, peek=drop)
                 if drop:
                     verified.add(spec)
                 elif found < current:
@@ -263,17 +261,30 @@ class ManagerModel:
                 current = found
                 longest = max(longest, found)
                 if spec.kind in FULL_HIT_KINDS:
-                    full_hits[spec] = found // self.block_size
-            if current >= candidate_tokens or one_pass:
-                return min(current, candidate_tokens) // self.block_size, longest
-            candidate_tokens = current
+                    full_hits[spec] = found
+            if current >= candidate or one_pass:
+                return min(current, candidate), longest
+            candidate = current
 
-    def _longest_accepted(self, request_id: str, group_ids: list[int], limit_blocks: int, peek: bool) -> int:
-        """The longest hit the groups all accept within ``limit_blocks`` blocks (the peek included)."""
-        top = limit_blocks - 1 if peek else limit_blocks
-        for hit_blocks in range(top, 0, -1):
-            if all(self.accepts(request_id, g, hit_blocks, peek) for g in group_ids):
-                return hit_blocks
+    def _longest_accepted(self, request_id: str, group_ids: list[int], limit: int, peek: bool) -> int:
+        """The longest hit, in tokens on the scheduler block size, the groups (of one spec) all accept
+        within ``limit`` tokens, the peek block included.
+
+        A sliding window's hit shorter than its window (cached blocks from
+        block 0 on) loses a whole scheduler block to the peek when its blocks
+        are smaller: vLLM 0.33.0 trims such a run to the alignment before
+        dropping the peeked block and again after."""
+        block_size = self.block_sizes[group_ids[0]]
+        align = self.alignment
+        top = (limit - block_size if peek else limit) // align
+        group = self.groups[group_ids[0]]
+        for hit in range(top * align, 0, -align):
+            if all(self.accepts(request_id, g, hit // block_size, peek) for g in group_ids):
+                if peek and group.kind in SLIDING_KINDS and block_size < align:
+                    assert group.window is not None
+                    if hit // block_size < ceil_div(group.window - 1, block_size):
+                        return hit - align
+                return hit
         return 0
 
     def observe(self) -> Observation:

@@ -827,11 +827,6 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "2 is not the scheduler block size 4",
         ),
         (
-            {"groups": [{"kind": "full", "block_size": 4}, {"kind": "sliding_window", "window": 3}], "use_eagle": True},
-            "config.use_eagle",
-            "different block sizes: the EAGLE drop over mixed block sizes is not modelled",
-        ),
-        (
             {"groups": [{"kind": "full"}, {"kind": "ring", "block_size": 4}, {"kind": "sliding_window", "window": 3}]},
             r"config.groups\[1\].block_size",
             "enters the ring's scratch block in the prefix cache",

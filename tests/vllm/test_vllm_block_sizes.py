@@ -21,7 +21,7 @@ vllm = pytest.importorskip(
 import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
-from kvcheck.ops import AddRequest, Finish, Operation, Schedule, StepResult  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Operation, Preempt, Schedule, StepResult  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
@@ -172,8 +172,45 @@ def test_full_attention_caches_the_prompt_tail_under_a_partial_key_alike() -> No
 
 def test_kvcheck_refuses_what_it_does_not_model_of_mixed_block_sizes() -> None:
     with pytest.raises(ConfigError) as refused:
-        TargetConfig(8, 2, (FULL4, SW2), True, use_eagle=True).validate()
-    assert refused.value.field == "use_eagle"
-    with pytest.raises(ConfigError) as refused:
         TargetConfig(8, 2, (FULL4, SW2, GroupSpec("ring", block_size=4)), True).validate()
     assert refused.value.field == "groups[2].block_size"
+
+
+def test_an_eagle_drop_over_mixed_block_sizes_peeks_one_block_of_each_group_alike() -> None:
+    """Full attention in 4-token blocks and a 3-token window in 2-token blocks, both dropping for an
+    EAGLE drafter: a request sharing 12 tokens matches three full-attention blocks, drops one (8 tokens)
+    and the window then needs its block before token 8 and the peeked block after it."""
+    config = TargetConfig(32, 2, (FULL4, SW2), True, use_eagle=True, enable_kv_cache_events=True)
+    prompt = tuple(range(1, 14))
+    _, result = _run(
+        config,
+        [
+            AddRequest("r0", prompt),
+            Schedule("r0", 13, sampled_token=50),
+            Finish("r0"),
+            AddRequest("r1", (*prompt[:12], 99, 98)),
+            Schedule("r1", 2, sampled_token=51),
+        ],
+    )
+    assert result.hit_length == 8
+    assert result.hit_block_ids is not None
+    assert [len(group) for group in result.hit_block_ids] == [2, 4]
+
+
+def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_alike() -> None:
+    """Full attention in 4-token blocks beside a 26-token window in 2-token blocks, both dropping: the
+    resumed request's window finds its blocks 0 to 4 cached (fewer than its window needs), trims them
+    to 8 tokens, drops the peeked block and trims again: the hit is 4 tokens, not 8."""
+    config = TargetConfig(
+        15, 2, (FULL4, GroupSpec("sliding_window", 26)), True, use_eagle=True, prefix_cache_retention_interval=0
+    )
+    _, result = _run(
+        config,
+        [
+            AddRequest("r0", (0,) * 16),
+            Schedule("r0", 14, sampled_token=0),
+            Preempt("r0"),
+            Schedule("r0", 2, num_external_tokens=1, sampled_token=0),
+        ],
+    )
+    assert result.hit_length == 4
