@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
@@ -174,13 +176,18 @@ class ManagerModel:
     def plain_hit_tokens(self, request_id: str) -> int:
         """The longest hit, in tokens, below the last token and on the scheduler block size, that every
         group accepts (no drafter)."""
+        return self._longest_hit_accepted_by(request_id, range(len(self.groups)))
+
+    def _longest_hit_accepted_by(self, request_id: str, group_ids: Sequence[int]) -> int:
+        """The longest hit, in tokens, below the last token and on the scheduler block size, that the
+        groups ``group_ids`` accept (no drafter)."""
         num_tokens = len(self.requests[request_id].tokens)
         align = self.alignment
         top = min(num_tokens - 1, self.num_hashed_tokens(request_id)) // align
         return next(
             h * align
             for h in range(top, -1, -1)
-            if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in range(len(self.groups)))
+            if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in group_ids)
         )
 
     def lookup_order(self) -> list[tuple[GroupSpec, list[int]]]:
@@ -198,15 +205,7 @@ class ManagerModel:
         finds a longer one."""
         if len(self.groups) == 1:
             return 0  # one group: no other lookup can fall short of it
-        group_ids = self.lookup_order()[0][1]
-        num_tokens = len(self.requests[request_id].tokens)
-        align = self.alignment
-        top = min(num_tokens - 1, self.num_hashed_tokens(request_id)) // align
-        return next(
-            h * align
-            for h in range(top, -1, -1)
-            if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in group_ids)
-        )
+        return self._longest_hit_accepted_by(request_id, self.lookup_order()[0][1])
 
     def accepts(self, request_id: str, group_id: int, hit_blocks: int, peek: bool = False) -> bool:
         """Group ``group_id`` finds cached what a hit of ``hit_blocks`` of its blocks needs; with ``peek``,
