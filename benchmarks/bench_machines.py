@@ -143,42 +143,23 @@ def print_fast_mode(args: argparse.Namespace) -> None:
 def print_events_cost(args: argparse.Namespace) -> None:
     """KV cache events forced on, then off, in every run of the swarm driver (the same draws otherwise),
     checked and unchecked: what taking, predicting and checking the stream costs."""
-    drawn = swarm_module.random_config
 
-    def forced(events: bool) -> Callable[..., TargetConfig]:
+    def forced(drawn: Callable[..., TargetConfig], events: bool) -> Callable[..., TargetConfig]:
         def config(*args: Any, **kwargs: Any) -> TargetConfig:
             return attrs.evolve(drawn(*args, **kwargs), enable_kv_cache_events=events)
 
         return config
 
-    best: dict[tuple[bool, bool], float] = {}
-    try:
-        for _ in range(args.repeats):
-            for check, events in ((True, True), (True, False), (False, True), (False, False)):
-                swarm_module.random_config = forced(events)  # type: ignore[assignment]
-                report = swarm(
-                    load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check
-                )
-                best[(check, events)] = max(best.get((check, events), 0.0), report.steps / report.seconds)
-    finally:
-        swarm_module.random_config = drawn
-    print(f"swarm driver, kvcore, KV cache events in every run or none, same draws, best of {args.repeats}")
-    print(f"  {'':28} {'events on':>12} {'events off':>13}")
-    for check, name in ((True, "all invariants checked"), (False, "checks off")):
-        print(f"  {name:28} {best[(check, True)]:12,.0f} {best[(check, False)]:13,.0f}  steps/s")
-    print(
-        f"  {'events on / off':28} {best[(True, True)] / best[(True, False)]:12.2f} "
-        f"{best[(False, True)] / best[(False, False)]:13.2f}"
-    )
+    print_on_off_cost(args, forced, "KV cache events in every run or none", ("events on", "events off"))
 
 
 def print_block_sizes_cost(args: argparse.Namespace) -> None:
     """Mixed block sizes and hashes finer than the blocks drawn for every multi-group run of the swarm
     driver that vLLM accepts, then for none (the same draws otherwise), checked and unchecked: what
     per-group block sizes, hash views, sparse window caching and partial entries cost."""
-    print_share_cost(
+    print_on_off_cost(
         args,
-        "block_sizes_share",
+        drawn_share("block_sizes_share"),
         "mixed block sizes and finer hashes in every multi-group run or none",
         ("sizes mixed", "one size"),
     )
@@ -188,30 +169,40 @@ def print_retention_cost(args: argparse.Namespace) -> None:
     """A retention interval drawn for every swarm run with caching and a sliding window, then for none
     (the same draws otherwise), checked and unchecked: what the per-request mask of the window's cached
     blocks, the replay boundaries and the shared prefix cost."""
-    print_share_cost(
+    print_on_off_cost(
         args,
-        "retention_share",
+        drawn_share("retention_share"),
         "a retention interval in every run with caching and a sliding window or in none",
         ("interval", "none"),
     )
 
 
-def print_share_cost(args: argparse.Namespace, keyword: str, what: str, columns: tuple[str, str]) -> None:
-    """The swarm driver's steps/s with a feature drawn wherever it can be (``keyword`` of
-    ``random_config`` at 1), then nowhere (at 0), checked and unchecked, and the ratios."""
-    drawn = swarm_module.random_config
+ConfigDraw = Callable[..., TargetConfig]
 
-    def share(value: float) -> Callable[..., TargetConfig]:
+
+def drawn_share(keyword: str) -> Callable[[ConfigDraw, bool], ConfigDraw]:
+    """A feature drawn wherever it can be (``keyword`` of ``random_config`` at 1) or nowhere (at 0)."""
+
+    def share(drawn: ConfigDraw, on: bool) -> ConfigDraw:
         def config(*args: Any, **kwargs: Any) -> TargetConfig:
-            return drawn(*args, **{keyword: value}, **kwargs)
+            return drawn(*args, **{keyword: 1.0 if on else 0.0}, **kwargs)
 
         return config
 
+    return share
+
+
+def print_on_off_cost(
+    args: argparse.Namespace, switch: Callable[[ConfigDraw, bool], ConfigDraw], what: str, columns: tuple[str, str]
+) -> None:
+    """The swarm driver's steps/s with a feature on in every run (``switch(draw, True)`` wraps the
+    configuration draw), then off, checked and unchecked, and the ratios."""
+    drawn = swarm_module.random_config
     best: dict[tuple[bool, bool], float] = {}
     try:
         for _ in range(args.repeats):
             for check, on in ((True, True), (True, False), (False, True), (False, False)):
-                swarm_module.random_config = share(1.0 if on else 0.0)  # type: ignore[assignment]
+                swarm_module.random_config = switch(drawn, on)  # type: ignore[assignment]
                 report = swarm(
                     load_target("kvcore"), seed=0, max_runs=args.examples, steps_per_run=args.steps, check=check
                 )
