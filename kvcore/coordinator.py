@@ -105,8 +105,13 @@ class KVCacheCoordinator:
         return max(0, num_tokens - self.config.num_reprefillable_tokens)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        boundaries = replay_boundaries(
-            request.num_prompt_tokens, self.config.scheduler_block_size, bool(self.config.drop_group_ids)
+        # Only a retention interval keeps blocks for the replay boundaries.
+        boundaries = (
+            replay_boundaries(
+                request.num_prompt_tokens, self.config.scheduler_block_size, bool(self.config.drop_group_ids)
+            )
+            if self.config.prefix_cache_retention_interval is not None
+            else ()
         )
         for group_id, manager in enumerate(self.managers):
             if manager.enable_caching:

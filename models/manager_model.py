@@ -100,6 +100,12 @@ class ManagerModel:
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
         self.dropping_specs = frozenset(self.specs[g] for g in config.drop_group_ids)
         self.dropping_group_ids = frozenset(g for g, spec in enumerate(self.specs) if spec in self.dropping_specs)
+        # The groups in the prefix cache by spec (looked up together), full attention's first, then in group order.
+        spec_groups: dict[GroupSpec, list[int]] = {}
+        for group_id, group in enumerate(self.specs):
+            if group.kind not in UNCACHED_KINDS:
+                spec_groups.setdefault(group, []).append(group_id)
+        self.lookup_order = sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
         # A sliding window caches only the blocks a hit needs: the window's (and an EAGLE peek's, which
         # shifts them a block up) before a boundary a hit can end on.  Those are every scheduler block
         # boundary, or with a retention interval every interval's end (none for 0), and then also the
@@ -116,6 +122,8 @@ class ManagerModel:
                 needed = ceil_div(group.window - 1, block_size) + shift
                 if periodic is None or needed < periodic // block_size:
                     self.sparse_windows[group_id] = (periodic, needed, shift)
+        self.tracks_shared_prefix = self.retention is not None and bool(self.sparse_windows)
+        """Whether a request's shared prefix changes what is cached (and so is worth looking up)."""
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -157,7 +165,8 @@ class ManagerModel:
             hit_tokens, longest = self.eagle_hit_tokens(request_id)
         else:
             hit_tokens = self.plain_hit_tokens(request_id)
-            longest = self.first_lookup_tokens(request_id)
+            # Only a sparse window under a retention interval caches by it: look it up only there.
+            longest = self.first_lookup_tokens(request_id) if self.tracks_shared_prefix else 0
         if longest > hit_tokens:
             request.shared_prefix_boundary = longest
         found = []
@@ -190,22 +199,13 @@ class ManagerModel:
             if all(self.accepts(request_id, g, h * align // self.block_sizes[g]) for g in group_ids)
         )
 
-    def lookup_order(self) -> list[tuple[GroupSpec, list[int]]]:
-        """The groups in the prefix cache, by spec (kind, reach and block size; looked up together), full
-        attention's first, then in group order."""
-        spec_groups: dict[GroupSpec, list[int]] = {}
-        for group_id, group in enumerate(self.specs):
-            if group.kind not in UNCACHED_KINDS:
-                spec_groups.setdefault(group, []).append(group_id)
-        return sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
-
     def first_lookup_tokens(self, request_id: str) -> int:
         """The hit, in tokens, the first spec group's lookup finds (no drafter): the longest every group
         of that spec accepts, below the last token and on the scheduler block size.  No later lookup
         finds a longer one."""
         if len(self.groups) == 1:
             return 0  # one group: no other lookup can fall short of it
-        return self._longest_hit_accepted_by(request_id, self.lookup_order()[0][1])
+        return self._longest_hit_accepted_by(request_id, self.lookup_order[0][1])
 
     def accepts(self, request_id: str, group_id: int, hit_blocks: int, peek: bool = False) -> bool:
         """Group ``group_id`` finds cached what a hit of ``hit_blocks`` of its blocks needs; with ``peek``,
@@ -236,7 +236,7 @@ class ManagerModel:
         if len(self.groups) == 1:
             return self._longest_accepted(request_id, [0], num_tokens - 1, peek=True), 0
         hashed = self.num_hashed_tokens(request_id)
-        order = self.lookup_order()
+        order = self.lookup_order
         longest = 0
         one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         full_hits: dict[GroupSpec, int] = {}
@@ -574,11 +574,12 @@ class ManagerModel:
             num_full = min(cacheable // self.block_sizes[group_id], self.num_hashed_blocks(rid, group_id))
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
-            for position in self._cached_positions(rid, group_id, start, num_full):
+            positions = self._cached_positions(rid, group_id, start, num_full)
+            for position in positions:
                 self.pool.cache_block(table[position], (group_id, self.prefix(rid, position, group_id)))
             self.num_cached[(rid, group_id)] = max(start, num_full)
             if self.events is not None and start < num_full:
-                self.events.append(self._stored_event(rid, group_id, start, num_full))
+                self.events.append(self._stored_event(rid, group_id, start, num_full, positions))
             if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
                 self._cache_partial_tail(rid, group_id, cacheable)
 
@@ -642,12 +643,12 @@ class ManagerModel:
             )
         )
 
-    def _stored_event(self, rid: str, group_id: int, start: int, end: int) -> StoredEvent:
+    def _stored_event(self, rid: str, group_id: int, start: int, end: int, positions: list[int]) -> StoredEvent:
         """The event of caching positions ``start`` to ``end`` of a table: every entry but the null
         blocks', after the prefix before ``start``, with the tokens of every position."""
         tokens = self.requests[rid].tokens
         table = self.table(rid, group_id)
-        entered = [p for p in self._cached_positions(rid, group_id, start, end) if table[p] != NULL]
+        entered = [p for p in positions if table[p] != NULL]
         lookahead = self.config.num_hash_lookahead_tokens
         block_size = self.block_sizes[group_id]
         return StoredEvent(

@@ -277,7 +277,7 @@ def step_labels(
         labels.append(HIT_ACROSS_BLOCK_SIZES)
     if _partial_entries(model) - before.partial_entries:
         labels.append(PARTIAL_ENTRY_CACHED)
-    if isinstance(op, Schedule) and model.retention is not None and model.sparse_windows:
+    if isinstance(op, Schedule) and model.tracks_shared_prefix:
         if result.admitted and result.hit_length:
             labels.append(RETENTION_HIT)
         if result.hit_length is not None and model.requests[op.request_id].shared_prefix_boundary:
