@@ -247,6 +247,17 @@ class KVCacheConfig:
     needs; a positive multiple of the scheduler block size those and the
     blocks a hit needs at the end of every interval.
 
+    ``dcp_world_size`` is the decode context parallel world size: every
+    attention group's blocks are sharded over that many ranks, so a block of
+    a group holds ``block_size * dcp_world_size`` tokens (its *manager block
+    size*, :meth:`manager_block_size`), unless the group is named in
+    ``dcp_replicated_group_ids`` (a draft model running at DCP 1 keeps a
+    replicated cache); a Mamba state is never sharded.  Every size above,
+    the defaults included, speaks of manager block sizes.  With prefix
+    caching, a hybrid cache shards only full-attention groups (plain, MLA,
+    R-SWA), and one sliding-window or chunked-local group is never sharded,
+    as vLLM 0.33.0 asserts.
+
     Cross-attention and Mamba groups have no prefix cache, so they need caching off;
     with caching on, a hybrid cache needs a group that is not a ring buffer.
     The block sizes vLLM 0.33.0's manager refuses are refused by field.
@@ -265,22 +276,28 @@ class KVCacheConfig:
     scheduler_block_size: int = attrs.field(default=None, validator=_optional_block_size)
     hash_block_size: int = attrs.field(default=None, validator=_optional_block_size)
     prefix_cache_retention_interval: int | None = attrs.field(default=None)
+    dcp_world_size: int = attrs.field(default=1, validator=_positive_int)
+    dcp_replicated_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
+        self._check_group_ids("dcp_replicated_group_ids", self.dcp_replicated_group_ids)
+        for index in self.dcp_replicated_group_ids:
+            if isinstance(self.groups[index], MambaSpec):
+                raise InvalidConfig(
+                    "dcp_replicated_group_ids",
+                    self.dcp_replicated_group_ids,
+                    f"groups[{index}] is Mamba, never sharded",
+                )
         # The sizes an engine resolves when they are not given (vLLM 0.33.0's resolve_kv_cache_block_sizes).
         if self.scheduler_block_size is None:
-            object.__setattr__(self, "scheduler_block_size", default_scheduler_block_size(self.groups))
+            object.__setattr__(self, "scheduler_block_size", math.lcm(*self.manager_block_sizes))
         if self.hash_block_size is None:
-            object.__setattr__(self, "hash_block_size", default_hash_block_size(self.groups, self.enable_caching))
+            object.__setattr__(
+                self, "hash_block_size", default_hash_block_size(self.manager_specs, self.enable_caching)
+            )
         self._check_block_sizes()
         self._check_retention_interval()
-        for index, group_id in enumerate(self.eagle_group_ids):
-            if not isinstance(group_id, int) or isinstance(group_id, bool) or not 0 <= group_id < len(self.groups):
-                raise InvalidConfig(
-                    f"eagle_group_ids[{index}]", group_id, f"must name one of {len(self.groups)} groups"
-                )
-        if len(set(self.eagle_group_ids)) != len(self.eagle_group_ids):
-            raise InvalidConfig("eagle_group_ids", self.eagle_group_ids, "names a group twice")
+        self._check_group_ids("eagle_group_ids", self.eagle_group_ids)
         if not isinstance(self.watermark, int | float) or isinstance(self.watermark, bool):
             raise InvalidConfig("watermark", self.watermark, "must be a fraction of the pool")
         if not 0 <= self.watermark < 1:
@@ -323,10 +340,40 @@ class KVCacheConfig:
                     "its prefill lookahead",
                 )
 
+    def _check_group_ids(self, name: str, group_ids: tuple[int, ...]) -> None:
+        for index, group_id in enumerate(group_ids):
+            if not isinstance(group_id, int) or isinstance(group_id, bool) or not 0 <= group_id < len(self.groups):
+                raise InvalidConfig(f"{name}[{index}]", group_id, f"must name one of {len(self.groups)} groups")
+        if len(set(group_ids)) != len(group_ids):
+            raise InvalidConfig(name, group_ids, "names a group twice")
+
+    def _check_context_parallel(self) -> None:
+        """Refuse the sharded groups vLLM 0.33.0 refuses with prefix caching (it asserts on each)."""
+        if not self.enable_caching or self.dcp_world_size == 1:
+            return
+        for index, spec in enumerate(self.groups):
+            if not self.dcp_sharded(index) or is_full_attention(spec):
+                continue
+            if len(self.groups) > 1:
+                raise InvalidConfig(
+                    "dcp_world_size",
+                    self.dcp_world_size,
+                    f"groups[{index}] is {spec.kind}: a hybrid prefix cache shards only full-attention groups "
+                    "(replicate it with dcp_replicated_group_ids)",
+                )
+            if isinstance(spec, SlidingWindowSpec | SlidingWindowMLASpec | ChunkedLocalAttentionSpec):
+                raise InvalidConfig(
+                    "dcp_world_size",
+                    self.dcp_world_size,
+                    f"groups[{index}] is {spec.kind}, whose prefix hits vLLM 0.33.0 finds only unsharded "
+                    "(it asserts at the first lookup)",
+                )
+
     def _check_block_sizes(self) -> None:
         """Refuse the block sizes vLLM 0.33.0's manager refuses (it asserts on each)."""
+        self._check_context_parallel()
         scheduler, hashing = self.scheduler_block_size, self.hash_block_size
-        sizes = [spec.block_size for spec in self.groups]
+        sizes = list(self.manager_block_sizes)
         if scheduler % hashing or any(scheduler % size for size in sizes):
             raise InvalidConfig(
                 "scheduler_block_size",
@@ -341,7 +388,7 @@ class KVCacheConfig:
                     "hash_block_size", hashing, f"one group with prefix caching hashes at its block_size (={sizes[0]})"
                 )
             return
-        for index, spec in enumerate(self.groups):
+        for index, spec in enumerate(self.manager_specs):
             if is_prefix_cacheable(spec) and spec.block_size % hashing:
                 raise InvalidConfig(
                     "hash_block_size",
@@ -380,10 +427,34 @@ class KVCacheConfig:
                 f"must be >= 0 and a multiple of scheduler_block_size (={self.scheduler_block_size})",
             )
 
+    def dcp_sharded(self, group_id: int) -> bool:
+        """Whether decode context parallelism shards group ``group_id``'s blocks: every attention group's
+        but those named in ``dcp_replicated_group_ids``; never a Mamba state's."""
+        return group_id not in self.dcp_replicated_group_ids and not isinstance(self.groups[group_id], MambaSpec)
+
+    def manager_block_size(self, group_id: int) -> int:
+        """The tokens one block of group ``group_id`` holds over all DCP ranks: its spec's block size,
+        times ``dcp_world_size`` if the group is sharded."""
+        block_size = self.groups[group_id].block_size
+        return block_size * self.dcp_world_size if self.dcp_sharded(group_id) else block_size
+
+    @property
+    def manager_block_sizes(self) -> tuple[int, ...]:
+        """Every group's manager block size, in group order."""
+        return tuple(self.manager_block_size(g) for g in range(len(self.groups)))
+
+    @property
+    def manager_specs(self) -> tuple[AttentionSpec, ...]:
+        """Every group's spec as its manager sees it: with its manager block size."""
+        return tuple(
+            spec if spec.block_size == size else attrs.evolve(spec, block_size=size)
+            for spec, size in zip(self.groups, self.manager_block_sizes)
+        )
+
     @property
     def mixed_block_sizes(self) -> bool:
-        """Whether the groups' block sizes differ."""
-        return len({spec.block_size for spec in self.groups}) > 1
+        """Whether the groups' manager block sizes differ."""
+        return len(set(self.manager_block_sizes)) > 1
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -409,8 +480,8 @@ class KVCacheConfig:
 
     @property
     def block_size(self) -> int:
-        """Group 0's block size (every group's, unless :attr:`mixed_block_sizes`)."""
-        return self.groups[0].block_size
+        """Group 0's manager block size (every group's, unless :attr:`mixed_block_sizes`)."""
+        return self.manager_block_size(0)
 
 
 def default_scheduler_block_size(groups: tuple[AttentionSpec, ...]) -> int:

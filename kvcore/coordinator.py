@@ -29,7 +29,7 @@ class KVCacheCoordinator:
         )
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
-            for group_id, spec in enumerate(config.groups)
+            for group_id, spec in enumerate(config.manager_specs)
         )
         self.hit_alignment = config.scheduler_block_size
         """Hits are a multiple of this many tokens: the scheduler block size."""
@@ -37,8 +37,10 @@ class KVCacheCoordinator:
             manager.hit_alignment = config.scheduler_block_size
             manager.retention_interval = config.prefix_cache_retention_interval
         if config.max_in_flight_tokens is not None:
-            for manager in self.managers:
-                manager.max_admission_blocks = manager.admission_cap(config.max_in_flight_tokens, config.max_model_len)
+            for manager, spec in zip(self.managers, config.groups):
+                manager.max_admission_blocks = manager.admission_cap(
+                    config.max_in_flight_tokens, config.max_model_len, spec.block_size
+                )
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_length: int) -> tuple[HitBlocks, int, int]:
         """The hit blocks per group, the hit length in tokens, and how many tokens past the hit some
@@ -179,13 +181,18 @@ class HybridCoordinator(KVCacheCoordinator):
         super().__init__(config, enable_caching=True)
         spec_groups: list[_SpecGroup] = []
         drop_group_ids = config.drop_group_ids
+
+        def spec_key(group_id: int) -> tuple[AttentionSpec, bool]:
+            # vLLM's spec: the block size per rank, and whether decode context parallelism shards it.
+            return config.groups[group_id], config.dcp_sharded(group_id)
+
         for group_id, manager in enumerate(self.managers):
             if not is_prefix_cacheable(manager.spec):
                 # A ring buffer's scratch block is never shared: its slot of a hit stays empty.
                 continue
             drops = group_id in drop_group_ids
             for index, spec_group in enumerate(spec_groups):
-                if spec_group.spec == manager.spec:
+                if spec_key(spec_group.group_ids[0]) == spec_key(group_id):
                     spec_group.group_ids.append(group_id)
                     if drops and not spec_group.drops:
                         spec_groups[index] = attrs.evolve(spec_group, drops=True)

@@ -69,10 +69,12 @@ class SingleTypeManager:
 
     # -- the attention type -------------------------------------------------------
 
-    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None) -> int | None:
+    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None, block_size: int) -> int | None:
         """The most blocks a request holds at once when at most ``max_in_flight_tokens`` tokens are
-        scheduled and not yet processed (and never more than ``max_model_len`` tokens); ``None`` for a
-        group that keeps every block."""
+        scheduled and not yet processed (and never more than ``max_model_len`` tokens), counted in
+        blocks of ``block_size`` tokens; ``None`` for a group that keeps every block.  (vLLM 0.33.0
+        counts blocks of the spec's size on one rank, not the manager's under decode context
+        parallelism.)"""
         return None
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:

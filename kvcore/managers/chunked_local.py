@@ -26,12 +26,12 @@ class ChunkedLocalAttentionManager(SingleTypeManager):
         chunk = self.spec.attention_chunk_size
         return (num_computed_tokens // chunk) * chunk
 
-    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None) -> int | None:
+    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None, block_size: int) -> int | None:
         # One chunk plus the tokens in flight.
         num_tokens = self.spec.attention_chunk_size + max_in_flight_tokens
         if max_model_len is not None:
             num_tokens = min(num_tokens, max_model_len)
-        return ceil_div(num_tokens, self.block_size)
+        return ceil_div(num_tokens, block_size)
 
     @classmethod
     def find_longest_cache_hit(

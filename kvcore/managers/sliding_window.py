@@ -38,13 +38,13 @@ class SlidingWindowManager(SingleTypeManager):
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.spec.sliding_window + 1)
 
-    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None) -> int | None:
+    def admission_cap(self, max_in_flight_tokens: int, max_model_len: int | None, block_size: int) -> int | None:
         # The window's last W - 1 tokens plus the tokens in flight (frees wait
         # for them), and one block more: the window may start inside a block.
         num_tokens = self.spec.sliding_window - 1 + max_in_flight_tokens
         if max_model_len is not None:
             num_tokens = min(num_tokens, max_model_len)
-        return ceil_div(num_tokens, self.block_size) + 1
+        return ceil_div(num_tokens, block_size) + 1
 
     def cached_positions(self, request: Request, start: int, end: int, replay_boundaries: Sequence[int]) -> list[int]:
         """Only the blocks a hit can need: those of the window (and an EAGLE peek's block) before a
