@@ -9,6 +9,7 @@ import attrs
 
 from kvcheck.limits import (
     MAX_BLOCK_SIZE,
+    MAX_DCP_WORLD_SIZE,
     MAX_GROUPS,
     MAX_LOOKAHEAD_TOKENS,
     MAX_NUM_BLOCKS,
@@ -76,12 +77,17 @@ class GroupSpec:
 
     ``block_size`` is the group's own block size, when it differs from the
     cache's (``None``: the cache's ``block_size``).
+
+    ``dcp_replicated`` keeps the group's blocks whole on every decode context
+    parallel rank (a draft model running at DCP 1 beside a sharded target);
+    only attention groups are sharded at all.
     """
 
     kind: str
     window: int | None = None
     speculative_blocks: int = 0
     block_size: int | None = None
+    dcp_replicated: bool = False
 
     def validate(self, block_size: int, where: str) -> None:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
@@ -92,6 +98,10 @@ class GroupSpec:
             if self.block_size > MAX_BLOCK_SIZE:
                 raise ConfigError(f"{where}.block_size", above(self.block_size, MAX_BLOCK_SIZE))
             block_size = self.block_size
+        if not isinstance(self.dcp_replicated, bool):
+            raise ConfigError(f"{where}.dcp_replicated", f"must be true or false, got {shown(self.dcp_replicated)}")
+        if self.dcp_replicated and self.kind == "mamba":
+            raise ConfigError(f"{where}.dcp_replicated", "true for a mamba group, whose state is never sharded")
         field = f"{where}.speculative_blocks"
         if self.kind != "mamba" and self.speculative_blocks != 0:
             raise ConfigError(field, f"only a mamba group has speculative blocks, got {shown(self.speculative_blocks)}")
@@ -146,9 +156,11 @@ class GroupSpec:
         return range(self.first_attended_token(num_computed_tokens) // block_size)
 
     def describe(self) -> str:
-        """The kind, with its window or speculative blocks, and its own block size:
-        ``sliding_window(4)``, ``mamba(+2 speculative)``, ``full/8``."""
+        """The kind, with its window or speculative blocks, its own block size and whether DCP leaves it
+        whole: ``sliding_window(4)``, ``mamba(+2 speculative)``, ``full/8``, ``full replicated``."""
         size = "" if self.block_size is None else f"/{self.block_size}"
+        if self.dcp_replicated:
+            size += " replicated"
         if self.window is not None:
             return f"{self.kind}({self.window}){size}"
         if self.speculative_blocks:
@@ -168,6 +180,8 @@ class GroupSpec:
             document["speculative_blocks"] = self.speculative_blocks
         if self.block_size is not None:
             document["block_size"] = self.block_size
+        if self.dcp_replicated:
+            document["dcp_replicated"] = True
         return document
 
 
@@ -240,20 +254,43 @@ class TargetConfig:
     num_encoder_tokens: int = 0
     hash_block_size: int | None = None
     prefix_cache_retention_interval: int | None = None
+    dcp_world_size: int = 1
 
-    def group_block_size(self, group_id: int) -> int:
-        """Group ``group_id``'s block size: its own, or the cache's."""
+    def spec_block_size(self, group_id: int) -> int:
+        """Group ``group_id``'s block size on one rank: its own, or the cache's."""
         size = self.groups[group_id].block_size
         return self.block_size if size is None else size
 
+    def dcp_sharded(self, group_id: int) -> bool:
+        """Whether decode context parallelism shards group ``group_id``: every attention group not
+        ``dcp_replicated``; never a Mamba state."""
+        group = self.groups[group_id]
+        return not group.dcp_replicated and group.kind != "mamba"
+
+    def group_block_size(self, group_id: int) -> int:
+        """The tokens a block of group ``group_id`` holds over all ranks (vLLM's manager block size):
+        its block size on one rank, times ``dcp_world_size`` if the group is sharded."""
+        size = self.spec_block_size(group_id)
+        return size * self.dcp_world_size if self.dcp_sharded(group_id) else size
+
     @property
     def block_sizes(self) -> tuple[int, ...]:
-        """Every group's block size, in group order."""
+        """Every group's block size over all ranks, in group order."""
         return tuple(self.group_block_size(g) for g in range(len(self.groups)))
 
     @property
+    def spec_block_sizes(self) -> tuple[int, ...]:
+        """Every group's block size on one rank, in group order."""
+        return tuple(self.spec_block_size(g) for g in range(len(self.groups)))
+
+    @property
+    def dcp_replicated_group_ids(self) -> tuple[int, ...]:
+        """The groups marked ``dcp_replicated``."""
+        return tuple(g for g, group in enumerate(self.groups) if group.dcp_replicated)
+
+    @property
     def mixed_block_sizes(self) -> bool:
-        """Whether the groups' block sizes differ."""
+        """Whether the groups' block sizes (over all ranks) differ."""
         return len(set(self.block_sizes)) > 1
 
     @property
@@ -405,9 +442,36 @@ class TargetConfig:
                     "with prefix caching a drafter's prefill lookahead must fit in a hit's last block (vLLM 0.33.0 "
                     "refuses it)",
                 )
+        self._validate_context_parallel()
         self._validate_block_sizes()
         self._validate_retention_interval()
         return self
+
+    def _validate_context_parallel(self) -> None:
+        """Refuse the world sizes vLLM 0.33.0 refuses: with prefix caching, sharded groups other than full
+        attention in a hybrid cache, and one sharded local-attention group."""
+        world = self.dcp_world_size
+        if not is_int(world) or world < 1:
+            raise ConfigError("dcp_world_size", f"must be an integer >= 1, got {shown(world)}")
+        if world > MAX_DCP_WORLD_SIZE:
+            raise ConfigError("dcp_world_size", above(world, MAX_DCP_WORLD_SIZE))
+        if world == 1 or not self.enable_caching:
+            return
+        for index, group in enumerate(self.groups):
+            if not self.dcp_sharded(index) or group.kind in FULL_HIT_KINDS:
+                continue
+            if len(self.groups) > 1:
+                raise ConfigError(
+                    "dcp_world_size",
+                    f"{world} with prefix caching and groups[{index}] {group.kind} sharded: a hybrid cache shards "
+                    "only full-attention groups (vLLM 0.33.0 asserts on it; mark it dcp_replicated)",
+                )
+            if group.kind in SLIDING_KINDS or group.kind == "chunked_local":
+                raise ConfigError(
+                    "dcp_world_size",
+                    f"{world} with prefix caching and one {group.kind} group: vLLM 0.33.0 looks its hits up only "
+                    "unsharded (it asserts at the first lookup)",
+                )
 
     def _validate_retention_interval(self) -> None:
         """Refuse the retention intervals vLLM 0.33.0's coordinator refuses."""
@@ -506,6 +570,8 @@ class TargetConfig:
             steps += f", hashes of {self.hash_size} token{plural}, hits of {self.scheduler_block_size}"
         if self.prefix_cache_retention_interval is not None:
             steps += f", retention interval {self.prefix_cache_retention_interval}"
+        if self.dcp_world_size > 1:
+            steps += f", DCP over {self.dcp_world_size} ranks"
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -548,4 +614,6 @@ class TargetConfig:
             document["hash_block_size"] = self.hash_block_size
         if self.prefix_cache_retention_interval is not None:
             document["prefix_cache_retention_interval"] = self.prefix_cache_retention_interval
+        if self.dcp_world_size != 1:
+            document["dcp_world_size"] = self.dcp_world_size
         return document

@@ -37,6 +37,11 @@ Half the configurations with caching and a sliding window set a retention
 interval (vLLM's sparse checkpoints): the window then caches only what hits
 at the interval's ends, the prompt's replay boundaries and shared prefixes'
 ends need.
+One draw in four shards its attention groups over 2 or 4 decode context
+parallel ranks (a block then holds that many times its tokens), leaving the
+drafter's groups whole in half of those (a draft model running at DCP 1);
+with prefix caching, only where every sharded group is full attention, as
+vLLM 0.33.0 requires.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ def random_config(
     layout: str | None = None,
     block_sizes_share: float = 1 / 3,
     retention_share: float = 1 / 2,
+    dcp_share: float = 1 / 4,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -155,7 +161,8 @@ def random_config(
     off where ``caching`` is on, falls back to ``mixed``.  ``block_sizes_share`` is the share of
     multi-group draws that give groups blocks of different sizes, and of those with caching that hash
     finer than their blocks (0: none; 1: every one vLLM accepts); ``retention_share`` the share of draws
-    with caching and a sliding window that set a retention interval; the draws are the same otherwise."""
+    with caching and a sliding window that set a retention interval, ``dcp_share`` that of draws sharded
+    over decode context parallel ranks; the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -251,7 +258,27 @@ def random_config(
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )
-    return _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
+    config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
+    return _context_parallel(rng, config, dcp_share)
+
+
+def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws, the
+    drafter's groups replicated in half of those (a draft model at DCP 1).  (Drawn last.)  A draw vLLM
+    would refuse (with prefix caching, a sharded group that is not full attention) keeps one rank."""
+    if rng.random() >= share:
+        return config
+    world = rng.choice([2, 2, 4])
+    groups = config.groups
+    if config.eagle_group_ids and rng.random() < 1 / 2:
+        groups = tuple(
+            attrs.evolve(group, dcp_replicated=True) if index in config.eagle_group_ids else group
+            for index, group in enumerate(groups)
+        )
+    try:
+        return attrs.evolve(config, groups=groups, dcp_world_size=world).validate()
+    except ConfigError:
+        return config
 
 
 def _retention_interval(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

@@ -779,3 +779,32 @@ def plant_shared_prefix_boundary_dropped(manager: kvcore.KVCacheManager) -> None
         return hit
 
     manager.get_computed_blocks = hit_without_shared_prefix  # type: ignore[method-assign]
+
+
+def plant_replicated_group_sharded(manager: kvcore.KVCacheManager) -> None:
+    config = manager.coordinator.config
+    for group_id in config.dcp_replicated_group_ids:
+        # The bug: the manager block size is scaled by the world size passed in,
+        # not by the group's own (1 for a draft model's replicated layers), so a
+        # replicated group's table gets a block per world-size blocks of slots.
+        manager.coordinator.managers[group_id].block_size = config.groups[group_id].block_size * config.dcp_world_size
+
+
+def plant_window_frees_by_rank_blocks(manager: kvcore.KVCacheManager) -> None:
+    config = manager.coordinator.config
+    for group_id, group_manager in enumerate(manager.coordinator.managers):
+        if isinstance(group_manager, SlidingWindowManager | ChunkedLocalAttentionManager):
+            rank_block_size = config.groups[group_id].block_size
+
+            def released_in_rank_blocks(
+                num_computed_tokens: int,
+                num_prompt_tokens: int,
+                group_manager: SingleTypeManager = group_manager,
+                rank_block_size: int = rank_block_size,
+            ) -> tuple[int, int]:
+                # The bug: the skipped tokens are counted in the spec's blocks on
+                # one rank, not in the manager's (DCP-sized) blocks, so blocks
+                # still inside the window are freed.
+                return 0, group_manager.num_skipped_tokens(num_computed_tokens) // rank_block_size
+
+            group_manager.released_block_range = released_in_rank_blocks  # type: ignore[method-assign]

@@ -237,6 +237,19 @@ FAULTS: dict[str, Fault] = {
             "retention interval no window keeps that prefix's end, so requests sharing it keep missing",
             plants.plant_shared_prefix_boundary_dropped,
         ),
+        Fault(
+            "replicated-group-sharded",
+            "under decode context parallelism a draft model's replicated group gets the sharded groups' block "
+            "size (the world size passed in, not the group's own): its table holds a block per world-size blocks "
+            "of slots",
+            plants.plant_replicated_group_sharded,
+        ),
+        Fault(
+            "window-frees-by-rank-blocks",
+            "under decode context parallelism a window counts its skipped tokens in the spec's blocks on one rank, "
+            "not the manager's larger blocks: blocks still inside the window are freed",
+            plants.plant_window_frees_by_rank_blocks,
+        ),
     )
 }
 

@@ -31,6 +31,9 @@ MAX_BLOCK_SIZE = 1024
 MAX_GROUPS = 8
 """Entries of ``config.groups``, and ``--groups``."""
 
+MAX_DCP_WORLD_SIZE = 16
+"""``config.dcp_world_size``: ranks a block's tokens are sharded over."""
+
 MAX_WINDOW_TOKENS = 1024 * 1024
 """``config.groups[i].window``: a sliding window or an attention chunk, in tokens."""
 

@@ -192,6 +192,7 @@ class _Reader:
             "num_encoder_tokens",
             "hash_block_size",
             "prefix_cache_retention_interval",
+            "dcp_world_size",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -210,10 +211,14 @@ class _Reader:
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
             group = self.object(group, field)
-            self.keys(group, {"kind"}, {"window", "speculative_blocks", "block_size"}, field)
+            self.keys(group, {"kind"}, {"window", "speculative_blocks", "block_size", "dcp_replicated"}, field)
             groups.append(
                 GroupSpec(
-                    group["kind"], group.get("window"), group.get("speculative_blocks", 0), group.get("block_size")
+                    group["kind"],
+                    group.get("window"),
+                    group.get("speculative_blocks", 0),
+                    group.get("block_size"),
+                    group.get("dcp_replicated", False),
                 )
             )
         config = TargetConfig(
@@ -236,6 +241,7 @@ class _Reader:
             raw.get("num_encoder_tokens", 0),
             raw.get("hash_block_size"),
             raw.get("prefix_cache_retention_interval"),
+            raw.get("dcp_world_size", 1),
         )
         try:
             return config.validate()

@@ -353,6 +353,45 @@ def _partial_key_outlives_eviction(manager: Any) -> None:
     pool._remove_cached_block_hashes = remove_cached_block_hashes
 
 
+def _replicated_group_sharded(manager: Any) -> None:
+    coordinator = manager.coordinator
+    world_size = getattr(coordinator, "dcp_world_size", 1)
+    for group_manager in coordinator.single_type_managers:
+        spec = group_manager.kv_cache_spec
+        if getattr(spec, "dcp_sharded", True) is False and hasattr(spec, "num_kv_heads"):
+            # The bug: SingleTypeKVCacheManager.__init__ scaling the block size by the
+            # dcp_world_size argument instead of self.dcp_world_size (1 when not sharded).
+            group_manager.block_size = spec.block_size * world_size
+    if hasattr(coordinator, "group_block_sizes"):
+        coordinator.group_block_sizes = tuple(m.block_size for m in coordinator.single_type_managers)
+
+
+def _window_frees_by_rank_blocks(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager, SlidingWindowManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if isinstance(group_manager, SlidingWindowManager | ChunkedLocalAttentionManager):
+            remove_skipped_blocks = group_manager.remove_skipped_blocks
+
+            def in_rank_blocks(
+                request_id: str,
+                processed_computed_tokens: int,
+                num_prompt_tokens: int | None = None,
+                group_manager: Any = group_manager,
+                remove_skipped_blocks: Any = remove_skipped_blocks,
+            ) -> None:
+                # The bug: num_skipped_tokens // self.kv_cache_spec.block_size, the block
+                # size on one rank, where the manager's blocks hold dcp_world_size times more.
+                manager_block_size = group_manager.block_size
+                group_manager.block_size = group_manager.kv_cache_spec.block_size
+                try:
+                    remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+                finally:
+                    group_manager.block_size = manager_block_size
+
+            group_manager.remove_skipped_blocks = in_rank_blocks
+
+
 def _sliding_window_caches_unreachable_blocks(manager: Any) -> None:
     from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 
@@ -519,6 +558,18 @@ VLLM_FAULTS: dict[str, Fault] = {
             "shared-prefix-boundary-dropped",
             "vLLM's scheduler dropping the shared_prefix_boundary get_computed_blocks returns",
             _shared_prefix_boundary_dropped,
+        ),
+        Fault(
+            "replicated-group-sharded",
+            "vLLM SingleTypeKVCacheManager.__init__ scaling every group's block size by the dcp_world_size "
+            "argument, a replicated draft group's too",
+            _replicated_group_sharded,
+        ),
+        Fault(
+            "window-frees-by-rank-blocks",
+            "vLLM SingleTypeKVCacheManager.remove_skipped_blocks dividing the skipped tokens by the spec's block "
+            "size on one rank, not the manager's",
+            _window_frees_by_rank_blocks,
         ),
     )
 }

@@ -458,7 +458,7 @@ class ManagerModel:
                 continue
             block_size = self.block_sizes[group_id]
             required = group.slot_blocks(num_tokens, block_size)
-            limit = self._admission_cap(group, block_size) if cap else None
+            limit = self._admission_cap(group, self.config.spec_block_size(group_id)) if cap else None
             if limit is not None:
                 required = min(required, limit)
             length_before_growth = len(self.table(rid, group_id))
@@ -473,7 +473,8 @@ class ManagerModel:
     def _admission_cap(self, group: GroupSpec, block_size: int) -> int | None:
         """Blocks a request of ``group`` holds at once with the configured tokens in flight (``None``:
         no cap): a window's last ``W - 1`` tokens, or a chunk, plus the tokens in flight (a window one
-        block more, as it may start inside a block)."""
+        block more, as it may start inside a block), in blocks of ``block_size`` tokens: the group's
+        size on one rank, as vLLM 0.33.0 counts them under decode context parallelism."""
         in_flight = self.config.max_in_flight_tokens
         if in_flight is None or group.kind not in (*SLIDING_KINDS, "chunked_local"):
             return None

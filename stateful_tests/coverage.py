@@ -52,6 +52,7 @@ HIT_ACROSS_BLOCK_SIZES = "prefix hit across groups of different block sizes"
 PARTIAL_ENTRY_CACHED = "prompt's last hash boundary cached inside a block"
 RETENTION_HIT = "prefix hit on a sliding window under a retention interval"
 SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a retention interval"
+CONTEXT_PARALLEL_HIT = "prefix hit on blocks sharded over decode context parallel ranks"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -81,6 +82,7 @@ ALL_LABELS = (
     PARTIAL_ENTRY_CACHED,
     RETENTION_HIT,
     SHARED_PREFIX_RECORDED,
+    CONTEXT_PARALLEL_HIT,
 )
 
 
@@ -282,6 +284,8 @@ def step_labels(
             labels.append(RETENTION_HIT)
         if result.hit_length is not None and model.requests[op.request_id].shared_prefix_boundary:
             labels.append(SHARED_PREFIX_RECORDED)
+    if isinstance(op, Schedule) and result.admitted and result.hit_length and model.config.dcp_world_size > 1:
+        labels.append(CONTEXT_PARALLEL_HIT)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

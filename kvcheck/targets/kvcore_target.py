@@ -36,7 +36,7 @@ def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
 
 def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
     """The kvcore configuration of a target configuration."""
-    specs = [kvcore_spec(group, block_size) for group, block_size in zip(config.groups, config.block_sizes)]
+    specs = [kvcore_spec(group, block_size) for group, block_size in zip(config.groups, config.spec_block_sizes)]
     return kvcore.KVCacheConfig(
         config.num_blocks,
         specs,
@@ -50,6 +50,8 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         scheduler_block_size=config.scheduler_block_size,
         hash_block_size=config.hash_size,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        dcp_world_size=config.dcp_world_size,
+        dcp_replicated_group_ids=config.dcp_replicated_group_ids,
     )
 
 

@@ -10,8 +10,9 @@ The construction helpers (:func:`make_manager`, :func:`make_block_pool`,
 :func:`make_request`) build what vLLM's engine builds for one model: one
 ``KVCacheGroupSpec`` per group over one shared pool (the drafter's groups
 flagged), block hashes chained with vLLM's default hash (``sha256``) at the
-block size by the engine's own hasher (looking ahead as configured), and no
-context parallelism, connector, or watermark.  They are shared with
+block size by the engine's own hasher (looking ahead as configured), decode
+context parallelism as the engine passes it (each spec's block size per
+rank, a draft model's groups replicated), and no connector.  They are shared with
 ``benchmarks/bench_allocators.py``.
 """
 
@@ -139,9 +140,12 @@ def _import_allocator(version: str) -> SimpleNamespace:
 
 
 def attention_spec(group: GroupSpec, block_size: int) -> Any:
-    """vLLM's attention spec of one group."""
+    """vLLM's attention spec of one group, with ``block_size`` tokens per block on one rank."""
     v = require_vllm()
-    layout = {"block_size": block_size, "dtype": v.dtype, **LAYER_LAYOUT}
+    layout: dict[str, Any] = {"block_size": block_size, "dtype": v.dtype, **LAYER_LAYOUT}
+    if group.dcp_replicated:
+        # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
+        layout["dcp_sharded"] = False
     if group.kind == "full":
         return v.FullAttentionSpec(**layout)
     if group.kind == "sliding_window":
@@ -186,12 +190,13 @@ def make_manager(
     scheduler_block_size: int | None = None,
     hash_block_size: int | None = None,
     prefix_cache_retention_interval: int | None = None,
+    dcp_world_size: int = 1,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
     groups in ``eagle_group_ids`` hold a drafter's layers.  ``block_size`` is every group's, or one per
-    group; the scheduler and hash block sizes default to the (one) block size.
+    group, on one rank; the scheduler and hash block sizes default to the (one) block size.
     ``prefix_cache_retention_interval`` is the cache configuration's, as vLLM's engine copies it into
-    the KV cache configuration."""
+    the KV cache configuration; ``dcp_world_size`` the decode context parallel world size."""
     v = require_vllm()
     block_sizes = [block_size] * len(groups) if isinstance(block_size, int) else list(block_size)
     kv_cache_groups = [
@@ -216,6 +221,7 @@ def make_manager(
         num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         num_prefill_lookahead=num_prefill_lookahead,
         enable_kv_cache_events=enable_kv_cache_events,
+        dcp_world_size=dcp_world_size,
     )
 
 
@@ -270,7 +276,7 @@ class VllmTarget(SchedulerDrivenTarget):
         self.manager = make_manager(
             config.groups,
             config.num_blocks,
-            config.block_sizes,
+            config.spec_block_sizes,
             config.enable_caching,
             use_eagle=config.use_eagle,
             eagle_group_ids=config.eagle_group_ids,
@@ -282,6 +288,7 @@ class VllmTarget(SchedulerDrivenTarget):
             scheduler_block_size=config.scheduler_block_size,
             hash_block_size=config.hash_size,
             prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+            dcp_world_size=config.dcp_world_size,
         )
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only

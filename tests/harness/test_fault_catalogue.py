@@ -300,6 +300,21 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (1, 2, 3)), Schedule("r0", 3), AddRequest("r1", (1, 9, 9)), Schedule("r1", 3)],
         "cache_matches_model",
     ),
+    # Over 2 DCP ranks, full attention in blocks of 2 x 2 tokens beside a draft model's replicated
+    # 2-token blocks: a 3-token prompt needs 2 replicated blocks, the fault gives 1.
+    "replicated-group-sharded": (
+        TargetConfig(8, 2, (FULL, GroupSpec("full", dcp_replicated=True)), True, dcp_world_size=2),
+        [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3)],
+        "scheduled_slots_have_blocks",
+    ),
+    # A 2-token window in blocks of 1 x 2 tokens over 2 DCP ranks: once 4 tokens are processed, 3 are
+    # skipped, so block 0 leaves the window; counted in 1-token blocks, block 1 (tokens 2 and 3) too,
+    # and the next step's new block reuses it instead of block 0.
+    "window-frees-by-rank-blocks": (
+        TargetConfig(8, 1, (GroupSpec("sliding_window", 2),), False, dcp_world_size=2),
+        [AddRequest("r0", (0, 1, 2, 3)), Schedule("r0", 4), Schedule("r0", 1)],
+        "lifo_head_reuse_when_caching_off",
+    ),
 }
 
 

@@ -550,6 +550,7 @@ def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
         "config.num_blocks": (config["num_blocks"]["maximum"], limits.MAX_NUM_BLOCKS),
         "config.block_size": (config["block_size"]["maximum"], limits.MAX_BLOCK_SIZE),
         "config.groups": (config["groups"]["maxItems"], limits.MAX_GROUPS),
+        "config.dcp_world_size": (config["dcp_world_size"]["maximum"], limits.MAX_DCP_WORLD_SIZE),
         "window": (config["groups"]["items"]["properties"]["window"]["maximum"], limits.MAX_WINDOW_TOKENS),
         "config.num_lookahead_tokens": (config["num_lookahead_tokens"]["maximum"], limits.MAX_LOOKAHEAD_TOKENS),
         "config.num_hash_lookahead_tokens": (
@@ -847,6 +848,28 @@ def test_drafter_and_async_fields_round_trip() -> None:
             {"groups": [{"kind": "sliding_window", "window": 3}], "prefix_cache_retention_interval": 70000},
             "config.prefix_cache_retention_interval",
             "limit of 65536",
+        ),
+        ({"dcp_world_size": 0}, "config.dcp_world_size", "must be an integer >= 1, got 0"),
+        ({"dcp_world_size": 17}, "config.dcp_world_size", "limit of 16"),
+        (
+            {"dcp_world_size": 2},
+            "config.dcp_world_size",
+            r"groups\[1\] sliding_window sharded: a hybrid cache shards only full-attention groups",
+        ),
+        (
+            {"groups": [{"kind": "chunked_local", "window": 4}], "dcp_world_size": 2},
+            "config.dcp_world_size",
+            "one chunked_local group: vLLM 0.33.0 looks its hits up only unsharded",
+        ),
+        (
+            {"groups": [{"kind": "full", "dcp_replicated": 1}]},
+            r"config.groups\[0\].dcp_replicated",
+            "must be true or false, got 1",
+        ),
+        (
+            {"groups": [{"kind": "mamba", "dcp_replicated": True}], "enable_caching": False},
+            r"config.groups\[0\].dcp_replicated",
+            "a mamba group, whose state is never sharded",
         ),
     ],
 )
