@@ -109,6 +109,7 @@ def main() -> None:
     print_events_cost(args)
     print_block_sizes_cost(args)
     print_retention_cost(args)
+    print_context_parallel_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -174,6 +175,17 @@ def print_retention_cost(args: argparse.Namespace) -> None:
         drawn_share("retention_share"),
         "a retention interval in every run with caching and a sliding window or in none",
         ("interval", "none"),
+    )
+
+
+def print_context_parallel_cost(args: argparse.Namespace) -> None:
+    """A decode context parallel world size drawn for every swarm run vLLM accepts it in, then for none
+    (the same draws otherwise), checked and unchecked: what the sharded block sizes cost."""
+    print_on_off_cost(
+        args,
+        drawn_share("dcp_share"),
+        "a DCP world size of 2 or 4 in every run that takes one or in none",
+        ("sharded", "one rank"),
     )
 
 

@@ -614,6 +614,12 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
         config = trace.config.validate()
     except ValueError as exc:
         raise ExportError(where, f"its configuration is invalid: {exc}") from None
+    if config.dcp_world_size != 1:
+        raise ExportError(
+            where,
+            f"its dcp_world_size {config.dcp_world_size}: an exported file speaks of one block size, and a block of a "
+            "sharded group holds block_size * dcp_world_size tokens (replay the trace with kvcheck instead)",
+        )
     if config.mixed_block_sizes or config.hash_size != config.block_size:
         raise ExportError(
             where,

@@ -51,7 +51,8 @@ def one_block_size(path: Path) -> bool:
 
 CORPUS = [path for path in ALL_TRACES if one_block_size(path)]
 """The corpus traces an exported file can speak of: every group's blocks one size, hashes as large."""
-SIZES_MIXED = [path for path in ALL_TRACES if not one_block_size(path)]
+SIZES_MIXED = [path for path in ALL_TRACES if not one_block_size(path) and load_trace(path).config.dcp_world_size == 1]
+CONTEXT_PARALLEL = [path for path in ALL_TRACES if load_trace(path).config.dcp_world_size > 1]
 PLUGIN_FOLDER = Path(__file__).resolve().parent
 """Holds ``export_fault_plugin.py``, put on the subprocess's ``PYTHONPATH``."""
 S000 = REPO / "regressions" / "traces" / "s000_fifo_reuse_when_caching_off.json"
@@ -452,6 +453,12 @@ def test_a_trace_of_mixed_block_sizes_or_finer_hashes_is_refused_by_name(path: P
     """Export speaks of one block size: a trace whose groups' blocks differ, or that hashes finer than its
     blocks, is refused with the sizes named (it replays with kvcheck)."""
     with pytest.raises(ExportError, match=r"block sizes \[.*\] \(hashes of \d+ tokens\) are not all one size"):
+        export_trace(load_trace(path), path.name)
+
+
+@pytest.mark.parametrize("path", CONTEXT_PARALLEL, ids=[path.stem for path in CONTEXT_PARALLEL])
+def test_a_trace_under_decode_context_parallelism_is_refused_by_name(path: Path) -> None:
+    with pytest.raises(ExportError, match=r"its dcp_world_size \d+: an exported file speaks of one block size"):
         export_trace(load_trace(path), path.name)
 
 

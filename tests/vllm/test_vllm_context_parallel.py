@@ -145,3 +145,23 @@ def test_a_mamba_group_beside_sharded_attention_keeps_its_block_size() -> None:
     tables = lockstep.model.observe().tables["a"]
     assert len(tables[0]) == 2  # 6 tokens in blocks of 4
     assert tables[1][-2:] != (0, 0) and tables[1][0] == 0  # its state blocks of 2 tokens, behind them freed
+
+
+def test_the_window_admission_cap_counts_per_rank_blocks_alike() -> None:
+    """vLLM 0.33.0 sizes a window's admission cap from its spec, per rank: a 5-token window with 4
+    tokens in flight caps a request at ceil(8 / 2) + 1 = 5 blocks, though over 2 ranks its blocks hold
+    4 tokens and it never holds more than ceil(8 / 4) + 1 = 3.  With 4 free blocks, the whole-request
+    gate then refuses a 40-token prompt on both allocators (kvcore keeps vLLM's count); counted in the
+    manager's blocks it would be admitted.  When vLLM counts the manager's blocks, the two diverge here."""
+    config = TargetConfig(
+        5,
+        2,
+        (GroupSpec("sliding_window", 5),),
+        False,
+        reserve_full_sequence=True,
+        max_in_flight_tokens=4,
+        dcp_world_size=2,
+    )
+    lockstep = Lockstep(load_target("kvcore+vllm"), config.validate())
+    lockstep.step(AddRequest("a", tuple(range(40))))
+    assert lockstep.step(Schedule("a", 4))[0].admitted is False
