@@ -340,7 +340,9 @@ FIXED_NAMES = frozenset(
         "Request",
         "RequestStatus",
         "EXPORTED_AGAINST_VLLM",
-        "BLOCK_SIZE",
+        "BLOCK_SIZES",
+        "HASH_BLOCK_SIZE",
+        "SCHEDULER_BLOCK_SIZE",
         "NUM_BLOCKS",
         "NUM_HASH_LOOKAHEAD_TOKENS",
         "MAX_MODEL_LEN",
@@ -614,18 +616,6 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
         config = trace.config.validate()
     except ValueError as exc:
         raise ExportError(where, f"its configuration is invalid: {exc}") from None
-    if config.dcp_world_size != 1:
-        raise ExportError(
-            where,
-            f"its dcp_world_size {config.dcp_world_size}: an exported file speaks of one block size, and a block of a "
-            "sharded group holds block_size * dcp_world_size tokens (replay the trace with kvcheck instead)",
-        )
-    if config.mixed_block_sizes or config.hash_size != config.block_size:
-        raise ExportError(
-            where,
-            f"its groups' block sizes {list(config.block_sizes)} (hashes of {config.hash_size} tokens) are not all one "
-            "size: an exported file speaks of one block size (replay the trace with kvcheck instead)",
-        )
     try:
         recorder = RecordingTarget(config)
         reference = VllmTarget(config)
@@ -940,15 +930,19 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
     return "\n".join(
         [
             f"EXPORTED_AGAINST_VLLM = {_quote(vllm_version)}",
-            f"BLOCK_SIZE = {config.block_size}",
+            f"BLOCK_SIZES = {list(config.block_sizes)}",
+            '"""Tokens a block of each group holds (over every decode context parallel rank)."""',
+            f"HASH_BLOCK_SIZE = {config.hash_size}",
+            '"""Tokens per request block hash."""',
+            f"SCHEDULER_BLOCK_SIZE = {config.scheduler_block_size}",
             f"NUM_BLOCKS = {config.num_blocks}",
             f"NUM_HASH_LOOKAHEAD_TOKENS = {config.num_hash_lookahead_tokens}",
             f"MAX_MODEL_LEN = {MAX_MODEL_LEN}",
             f"GROUP_KINDS = [{', '.join(_quote(group.kind) for group in config.groups)}]",
-            f"ENCODER_BLOCKS = {-(-config.num_encoder_tokens // config.block_size)}",
+            f"ENCODER_BLOCKS = {_encoder_blocks(config)}",
             '"""Blocks a cross-attention group holds for the encoder\'s tokens."""',
             f"SLOT_SIZED_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind not in UNCACHED_KINDS]}",
-            '"""Groups whose tables hold a block per BLOCK_SIZE positions (not ring buffers, not cross-attention)."""',
+            '"""Groups holding a block per BLOCK_SIZES[group] positions (no ring buffer, no cross-attention)."""',
             f"SPECULATIVE_BLOCKS = {[group.speculative_blocks for group in config.groups]}",
             '"""Blocks a Mamba group reserves past its slots for draft states (0 for other groups)."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
@@ -959,36 +953,48 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
     )
 
 
+def _encoder_blocks(config: TargetConfig) -> int:
+    """Blocks the cross-attention group (if any) holds for the encoder's tokens."""
+    sizes = [size for group, size in zip(config.groups, config.block_sizes) if group.kind == "cross_attention"]
+    return -(-config.num_encoder_tokens // sizes[0]) if sizes else 0
+
+
 def _make_manager(config: TargetConfig) -> str:
     """``make_manager()``: the same arguments as :func:`kvcheck.targets.vllm_target.make_manager`."""
     specs = []
     for index, group in enumerate(config.groups):
+        size: dict[str, Node] = {"block_size": value_node(config.spec_block_size(index))}
+        if group.dcp_replicated:
+            # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
+            size["dcp_sharded"] = value_node(False)
         if group.kind == "full":
-            spec = call("FullAttentionSpec", Atom("**layout"))
+            spec = call("FullAttentionSpec", Atom("**layout"), **size)
         elif group.kind == "sliding_window":
-            spec = call("SlidingWindowSpec", Atom("**layout"), sliding_window=value_node(group.window))
+            spec = call("SlidingWindowSpec", Atom("**layout"), sliding_window=value_node(group.window), **size)
         elif group.kind == "sliding_window_mla":
-            spec = call("SlidingWindowMLASpec", Atom("**layout"), sliding_window=value_node(group.window))
+            spec = call("SlidingWindowMLASpec", Atom("**layout"), sliding_window=value_node(group.window), **size)
         elif group.kind == "rswa":
-            spec = call("RSWASpec", Atom("**layout"), rswa_window=value_node(group.window))
+            spec = call("RSWASpec", Atom("**layout"), rswa_window=value_node(group.window), **size)
         elif group.kind == "ring":
-            spec = call("CircularBufferSpec", Atom("**layout"))
+            spec = call("CircularBufferSpec", Atom("**layout"), **size)
         elif group.kind == "cross_attention":
-            spec = call("CrossAttentionSpec", Atom("**layout"))
+            spec = call("CrossAttentionSpec", Atom("**layout"), **size)
         elif group.kind == "mla":
-            spec = call("MLAAttentionSpec", Atom("**layout"))
+            spec = call("MLAAttentionSpec", Atom("**layout"), **size)
         elif group.kind == "mamba":
             # One small state tensor: the allocator reads the block size, the mode and the speculative blocks.
             spec = call(
                 "MambaSpec",
                 shapes=value_node(((1,),)),
                 dtypes=Atom('(STR_DTYPE_TO_TORCH_DTYPE["float32"],)'),
-                block_size=Atom("BLOCK_SIZE"),
+                block_size=value_node(config.spec_block_size(index)),
                 mamba_cache_mode=value_node("none"),
                 num_speculative_blocks=value_node(group.speculative_blocks),
             )
         else:
-            spec = call("ChunkedLocalAttentionSpec", Atom("**layout"), attention_chunk_size=value_node(group.window))
+            spec = call(
+                "ChunkedLocalAttentionSpec", Atom("**layout"), attention_chunk_size=value_node(group.window), **size
+            )
         # kvcheck's make_manager passes the window first; keyword order does not matter to vLLM.
         specs.append(
             call(
@@ -998,7 +1004,7 @@ def _make_manager(config: TargetConfig) -> str:
                 is_eagle_group=value_node(index in config.eagle_group_ids),
             )
         )
-    layout = {"block_size": Atom("BLOCK_SIZE"), "dtype": Atom('STR_DTYPE_TO_TORCH_DTYPE["float32"]')}
+    layout = {"dtype": Atom('STR_DTYPE_TO_TORCH_DTYPE["float32"]')}
     layout_node = Seq(
         "{",
         "}",
@@ -1010,8 +1016,8 @@ def _make_manager(config: TargetConfig) -> str:
         "KVCacheManager",
         Atom("config"),
         max_model_len=Atom("MAX_MODEL_LEN"),
-        scheduler_block_size=Atom("BLOCK_SIZE"),
-        hash_block_size=Atom("BLOCK_SIZE"),
+        scheduler_block_size=Atom("SCHEDULER_BLOCK_SIZE"),
+        hash_block_size=Atom("HASH_BLOCK_SIZE"),
         enable_caching=value_node(config.enable_caching),
         watermark=value_node(config.watermark),
         max_in_flight_tokens=value_node(config.max_in_flight_tokens),
@@ -1023,6 +1029,10 @@ def _make_manager(config: TargetConfig) -> str:
         manager_call = attrs.evolve(
             manager_call, items=(*manager_call.items, Item(value_node(True), "enable_kv_cache_events="))
         )
+    if config.dcp_world_size != 1:
+        manager_call = attrs.evolve(
+            manager_call, items=(*manager_call.items, Item(value_node(config.dcp_world_size), "dcp_world_size="))
+        )
     manager_call = exploded(manager_call)
     lines = [
         "def make_manager() -> KVCacheManager:",
@@ -1030,7 +1040,7 @@ def _make_manager(config: TargetConfig) -> str:
         "attention",
         f"{INDENT}spec over one shared pool of NUM_BLOCKS blocks (the smallest attention layer: page sizes never "
         "matter to",
-        f'{INDENT}the allocator), no context parallelism, no connector."""',
+        f'{INDENT}the allocator), decode context parallelism as the engine passes it, no connector."""',
         f"{INDENT}# Once per process in vLLM's engine core, before any block is hashed.",
         f"{INDENT}init_none_hash(get_hash_fn_by_name({_quote(HASH_ALGORITHM)}))",
     ]
@@ -1053,10 +1063,10 @@ def _make_manager(config: TargetConfig) -> str:
         "",
         "",
         "def make_request(request_id: str, prompt: list[int]) -> Request:",
-        f'{INDENT}"""A waiting request whose block hashes vLLM chains every BLOCK_SIZE tokens with '
+        f'{INDENT}"""A waiting request whose block hashes vLLM chains every HASH_BLOCK_SIZE tokens with '
         f'{HASH_ALGORITHM} (its default)."""',
-        f"{INDENT}block_hasher = get_request_block_hasher(BLOCK_SIZE, get_hash_fn_by_name({_quote(HASH_ALGORITHM)}), "
-        "NUM_HASH_LOOKAHEAD_TOKENS)",
+        f"{INDENT}block_hasher = get_request_block_hasher("
+        f"HASH_BLOCK_SIZE, get_hash_fn_by_name({_quote(HASH_ALGORITHM)}), NUM_HASH_LOOKAHEAD_TOKENS)",
         f"{INDENT}return Request(request_id, prompt, SamplingParams(max_tokens=MAX_MODEL_LEN), None, "
         "block_hasher=block_hasher)",
     ]
@@ -1207,11 +1217,11 @@ class Step:
         if isinstance(self.allocated, KVCacheBlocks):
             for request_id, num_slots in (slots or {}).items():
                 for group, blocks in enumerate(block_ids(manager.coordinator.get_blocks(request_id))):
-                    if group in SLOT_SIZED_GROUPS and len(blocks) * BLOCK_SIZE < num_slots:
+                    if group in SLOT_SIZED_GROUPS and len(blocks) * BLOCK_SIZES[group] < num_slots:
                         self.fail(
                             "scheduled_slots_have_blocks",
-                            f"request {request_id} group {group} has {len(blocks)} blocks of {BLOCK_SIZE} tokens "
-                            f"for {num_slots} scheduled positions",
+                            f"request {request_id} group {group} has {len(blocks)} blocks of "
+                            f"{BLOCK_SIZES[group]} tokens for {num_slots} scheduled positions",
                         )
         self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
@@ -1293,6 +1303,8 @@ class Step:
         detail = "the free queue does not hold exactly the blocks with ref_cnt 0 (never the null block)"
         self.expect("free_queue_well_formed", detail, unheld, sorted(free))
         hashed = {(block.block_hash, block.block_id) for block in pool.blocks if block.block_hash is not None}
+        # A full-attention block larger than the hashes is also cached under the partial key of a prompt boundary.
+        hashed |= {(key, block_id) for block_id, keys in pool.cached_block_hashes_by_block.items() for key in keys}
         if entries != hashed:
             stale, missing = cached_blocks(entries - hashed), cached_blocks(hashed - entries)
             detail = f"map entries without a matching block hash: {stale}; hashed blocks not in the map: {missing}"
@@ -1328,7 +1340,7 @@ class Step:
             for group, blocks in enumerate(table):
                 if GROUP_KINDS[group] != "rswa" or prompt_lengths is None:
                     continue
-                prompt_blocks = -(-prompt_lengths[request_id] // BLOCK_SIZE)
+                prompt_blocks = -(-prompt_lengths[request_id] // BLOCK_SIZES[group])
                 nulls = [position for position, b in enumerate(blocks) if not b]
                 if any(position < prompt_blocks for position in nulls):
                     detail = (
@@ -1416,7 +1428,7 @@ class EventStream:
         for request in self.requests:
             tokens = request.all_token_ids
             for index, block_hash in enumerate(request.block_hashes):
-                end = (index + 1) * BLOCK_SIZE + NUM_HASH_LOOKAHEAD_TOKENS
+                end = (index + 1) * HASH_BLOCK_SIZE + NUM_HASH_LOOKAHEAD_TOKENS
                 self.prefixes.setdefault(maybe_convert_block_hash(block_hash), list(tokens[:end]))
         events: list[Event] = []
         for event in manager.take_events():
@@ -1462,33 +1474,36 @@ def entry_counts(entries: Counter[tuple[int, tuple[int, ...]]]) -> str:
 
 
 def stored_event_problem(event: Event) -> str | None:
-    """What makes a stored event malformed, if anything: it covers whole blocks of BLOCK_SIZE tokens following its
-    parent, and stores, block by block, prefixes of its parent and tokens up to a block (and the lookahead after)."""
+    """What makes a stored event malformed, if anything: it covers whole blocks of its group's size (or, for a
+    full-attention group's partial entry, one hash unit) following its parent, and stores, block by block,
+    prefixes of its parent and tokens up to a block (and the lookahead after)."""
     _, _, prefixes, parent, token_ids, block_size, lookahead_ids = event
     lookahead = NUM_HASH_LOOKAHEAD_TOKENS
-    if block_size != BLOCK_SIZE:
-        return f"says blocks of {block_size} tokens, not {BLOCK_SIZE}"
-    if len(token_ids) % BLOCK_SIZE or not token_ids:
+    group = event[1]
+    sizes = {BLOCK_SIZES[group]} | ({HASH_BLOCK_SIZE} if GROUP_KINDS[group] in ("full", "mla", "rswa") else set())
+    if block_size not in sizes:
+        return f"says blocks of {block_size} tokens, not {' or '.join(map(str, sorted(sizes)))}"
+    if len(token_ids) % block_size or not token_ids:
         return f"covers {len(token_ids)} tokens, not a positive number of whole blocks"
     start = 0
     if parent is not None:
-        if len(parent) <= lookahead or (len(parent) - lookahead) % BLOCK_SIZE:
+        if len(parent) <= lookahead or (len(parent) - lookahead) % block_size:
             return f"names a {len(parent)}-token parent prefix, not whole blocks"
-        start = (len(parent) - lookahead) // BLOCK_SIZE
+        start = (len(parent) - lookahead) // block_size
     # The tokens the event speaks of: the parent's blocks, then its own.
-    tokens = (parent or [])[: start * BLOCK_SIZE] + token_ids
-    end = start + len(token_ids) // BLOCK_SIZE
+    tokens = (parent or [])[: start * block_size] + token_ids
+    end = start + len(token_ids) // block_size
     if parent is not None and tokens[: len(parent)] != parent[: len(tokens)]:
         return f"covers tokens {token_ids} that do not follow its parent {parent}"
     if (lookahead_ids is None) != (lookahead == 0):
         return f"has lookahead tokens {lookahead_ids} with hashes looking {lookahead} tokens ahead"
     last = start - 1
     for entry, prefix in enumerate(prefixes):
-        position = (len(prefix) - lookahead) // BLOCK_SIZE - 1
-        whole = len(prefix) > lookahead and (len(prefix) - lookahead) % BLOCK_SIZE == 0
+        position = (len(prefix) - lookahead) // block_size - 1
+        whole = len(prefix) > lookahead and (len(prefix) - lookahead) % block_size == 0
         if not whole or not last < position < end:
             return f"stores a {len(prefix)}-token prefix, not the next whole block among positions {start}..{end - 1}"
-        cut = (position + 1) * BLOCK_SIZE
+        cut = (position + 1) * block_size
         if prefix[:cut] != tokens[:cut] or (parent is not None and prefix[: len(parent)] != parent):
             return f"stores prefix {prefix}, which is not its parent and tokens {tokens[:cut]}"
         if lookahead_ids is not None and lookahead_ids[entry] != prefix[cut:]:

@@ -43,16 +43,16 @@ REPO = Path(__file__).resolve().parents[2]
 ALL_TRACES = sorted((REPO / "regressions" / "traces").glob("*.json"))
 
 
-def one_block_size(path: Path) -> bool:
-    """Whether every group of the trace's configuration has blocks of one size, hashed as large."""
-    config = load_trace(path).config
-    return not config.mixed_block_sizes and config.hash_size == config.block_size
-
-
-CORPUS = [path for path in ALL_TRACES if one_block_size(path)]
-"""The corpus traces an exported file can speak of: every group's blocks one size, hashes as large."""
-SIZES_MIXED = [path for path in ALL_TRACES if not one_block_size(path) and load_trace(path).config.dcp_world_size == 1]
-CONTEXT_PARALLEL = [path for path in ALL_TRACES if load_trace(path).config.dcp_world_size > 1]
+CORPUS = ALL_TRACES
+"""Every corpus trace exports, mixed block sizes, finer hashes and decode context parallelism included."""
+SIZES_MIXED = [
+    path
+    for path in ALL_TRACES
+    if (config := load_trace(path).config).mixed_block_sizes
+    or config.hash_size != config.block_size
+    or config.dcp_world_size > 1
+]
+"""The traces whose groups' blocks differ in size, hash finer than them, or are sharded over DCP ranks."""
 PLUGIN_FOLDER = Path(__file__).resolve().parent
 """Holds ``export_fault_plugin.py``, put on the subprocess's ``PYTHONPATH``."""
 S000 = REPO / "regressions" / "traces" / "s000_fifo_reuse_when_caching_off.json"
@@ -449,17 +449,18 @@ def test_an_exported_file_imports_vllm_and_the_standard_library_only(exported: P
 
 
 @pytest.mark.parametrize("path", SIZES_MIXED, ids=[path.stem for path in SIZES_MIXED])
-def test_a_trace_of_mixed_block_sizes_or_finer_hashes_is_refused_by_name(path: Path) -> None:
-    """Export speaks of one block size: a trace whose groups' blocks differ, or that hashes finer than its
-    blocks, is refused with the sizes named (it replays with kvcheck)."""
-    with pytest.raises(ExportError, match=r"block sizes \[.*\] \(hashes of \d+ tokens\) are not all one size"):
-        export_trace(load_trace(path), path.name)
-
-
-@pytest.mark.parametrize("path", CONTEXT_PARALLEL, ids=[path.stem for path in CONTEXT_PARALLEL])
-def test_a_trace_under_decode_context_parallelism_is_refused_by_name(path: Path) -> None:
-    with pytest.raises(ExportError, match=r"its dcp_world_size \d+: an exported file speaks of one block size"):
-        export_trace(load_trace(path), path.name)
+def test_an_exported_file_builds_each_groups_block_size_and_the_hash_size(path: Path) -> None:
+    """A trace of mixed block sizes, finer hashes or DCP ranks exports with every group's block size on one
+    rank, the hash and scheduler block sizes, and the world size, as kvcheck's vLLM target builds them."""
+    config = load_trace(path).config
+    text = export_trace(load_trace(path), path.name)
+    assert f"BLOCK_SIZES = {list(config.block_sizes)}" in text
+    assert f"HASH_BLOCK_SIZE = {config.hash_size}" in text
+    assert f"SCHEDULER_BLOCK_SIZE = {config.scheduler_block_size}" in text
+    for index in range(len(config.groups)):
+        assert f"block_size={config.spec_block_size(index)}" in text
+    assert ("dcp_world_size=" in text) == (config.dcp_world_size > 1)
+    assert ("dcp_sharded=False" in text) == bool(config.dcp_replicated_group_ids)
 
 
 @pytest.mark.parametrize("path", [S003, DEFERRED], ids=["s003", "deferred-frees"])
