@@ -225,6 +225,27 @@ def make_manager(
     )
 
 
+def manager_for(config: TargetConfig) -> Any:
+    """The vLLM ``KVCacheManager`` a target configuration describes, as vLLM's engine builds it."""
+    return make_manager(
+        config.groups,
+        config.num_blocks,
+        config.spec_block_sizes,
+        config.enable_caching,
+        use_eagle=config.use_eagle,
+        eagle_group_ids=config.eagle_group_ids,
+        num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
+        num_prefill_lookahead=config.num_prefill_lookahead,
+        watermark=config.watermark,
+        max_in_flight_tokens=config.max_in_flight_tokens,
+        enable_kv_cache_events=config.enable_kv_cache_events,
+        scheduler_block_size=config.scheduler_block_size,
+        hash_block_size=config.hash_size,
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        dcp_world_size=config.dcp_world_size,
+    )
+
+
 def make_block_pool(num_blocks: int, enable_caching: bool, block_size: int) -> Any:
     """A bare vLLM ``BlockPool`` hashing at ``block_size``."""
     return require_vllm().BlockPool(num_blocks, enable_caching, hash_block_size=block_size)
@@ -273,23 +294,7 @@ class VllmTarget(SchedulerDrivenTarget):
     def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None) -> None:
         self._v = require_vllm()
         super().__init__(config)
-        self.manager = make_manager(
-            config.groups,
-            config.num_blocks,
-            config.spec_block_sizes,
-            config.enable_caching,
-            use_eagle=config.use_eagle,
-            eagle_group_ids=config.eagle_group_ids,
-            num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
-            num_prefill_lookahead=config.num_prefill_lookahead,
-            watermark=config.watermark,
-            max_in_flight_tokens=config.max_in_flight_tokens,
-            enable_kv_cache_events=config.enable_kv_cache_events,
-            scheduler_block_size=config.scheduler_block_size,
-            hash_block_size=config.hash_size,
-            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-            dcp_world_size=config.dcp_world_size,
-        )
+        self.manager = manager_for(config)
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
         self.pool = self.manager.block_pool

@@ -23,7 +23,7 @@ from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.kvcore_target import to_kvcore_config  # noqa: E402
-from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
+from kvcheck.targets.vllm_target import make_request, manager_for  # noqa: E402
 
 KINDS = ("full", "mla", "rswa", "sliding_window", "sliding_window_mla", "chunked_local", "ring", "cross_attention")
 WINDOWS = {"sliding_window": 3, "sliding_window_mla": 3, "chunked_local": 4, "rswa": 2}
@@ -44,15 +44,7 @@ def _draw(seed: int) -> TargetConfig:
 def _vllm_refusal(config: TargetConfig) -> str | None:
     """vLLM's refusal of ``config``: at construction, or at the first lookup of a request."""
     try:
-        manager = make_manager(
-            config.groups,
-            config.num_blocks,
-            config.spec_block_sizes,
-            config.enable_caching,
-            scheduler_block_size=config.scheduler_block_size,
-            hash_block_size=config.hash_size,
-            dcp_world_size=config.dcp_world_size,
-        )
+        manager = manager_for(config)
         sizes = [group_manager.block_size for group_manager in manager.coordinator.single_type_managers]
         assert sizes == list(config.block_sizes), f"vLLM's manager block sizes {sizes}"
         if config.enable_caching:
