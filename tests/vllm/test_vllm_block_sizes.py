@@ -20,11 +20,10 @@ vllm = pytest.importorskip(
 
 import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
-from kvcheck.lockstep import Lockstep  # noqa: E402
-from kvcheck.ops import AddRequest, Finish, Operation, Preempt, Schedule, StepResult  # noqa: E402
-from kvcheck.targets import load_target  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
 from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
+from tests.vllm.alike import run_alike  # noqa: E402
 
 KINDS = ("full", "mla", "sliding_window", "chunked_local", "ring", "mamba")
 SIZES = (1, 2, 3, 4, 6, 8)
@@ -124,22 +123,13 @@ def test_the_parity_draws_cover_both_answers_and_every_refusal() -> None:
 FULL4, SW2 = GroupSpec("full", block_size=4), GroupSpec("sliding_window", 3, block_size=2)
 
 
-def _run(config: TargetConfig, ops: Sequence[Operation]) -> tuple[Lockstep, StepResult]:
-    """Each operation on kvcore, vLLM and the model, checked after every step; the last step's result."""
-    lockstep = Lockstep(load_target("kvcore+vllm"), config)
-    result = StepResult()
-    for op in ops:
-        result, _ = lockstep.step(op)
-    return lockstep, result
-
-
 def test_a_hit_over_mixed_block_sizes_lands_on_the_scheduler_block_size_alike() -> None:
     """Full attention in 4-token blocks and a 3-token window in 2-token blocks: hits are multiples of
     4 tokens, and the window caches only the blocks a hit on such a boundary needs (the one before it)."""
     config = TargetConfig(24, 2, (FULL4, SW2), True, enable_kv_cache_events=True).validate()
     assert (config.scheduler_block_size, config.hash_size) == (4, 2)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-    lockstep, result = _run(
+    lockstep, results = run_alike(
         config,
         [
             AddRequest("r0", prompt),
@@ -149,7 +139,7 @@ def test_a_hit_over_mixed_block_sizes_lands_on_the_scheduler_block_size_alike() 
             Schedule("r1", 2, sampled_token=12),
         ],
     )
-    assert result.hit_length == 8
+    assert results[-1].hit_length == 8
     # The window group (2-token blocks) cached blocks 1 and 3 only: those ending on a 4-token boundary.
     window_keys = sorted(len(prefix) for group, prefix, _ in lockstep.model.observe().cache_entries if group == 1)
     assert window_keys == [4, 8]
@@ -164,7 +154,7 @@ def test_full_attention_caches_the_prompt_tail_under_a_partial_key_alike() -> No
         Schedule("r0", 7, sampled_token=8),
         Schedule("r0", 1, sampled_token=9),
     ]
-    lockstep, _ = _run(config, ops)
+    lockstep, _ = run_alike(config, ops)
     keys = lockstep.model.observe().block_cache_keys
     table = lockstep.model.observe().tables["r0"][0]
     assert keys[table[1]] == ((0, (1, 2, 3, 4, 5, 6, 7, 8)), (0, (1, 2, 3, 4, 5, 6)))
@@ -182,7 +172,7 @@ def test_an_eagle_drop_over_mixed_block_sizes_peeks_one_block_of_each_group_alik
     and the window then needs its block before token 8 and the peeked block after it."""
     config = TargetConfig(32, 2, (FULL4, SW2), True, use_eagle=True, enable_kv_cache_events=True)
     prompt = tuple(range(1, 14))
-    _, result = _run(
+    _, results = run_alike(
         config,
         [
             AddRequest("r0", prompt),
@@ -192,9 +182,9 @@ def test_an_eagle_drop_over_mixed_block_sizes_peeks_one_block_of_each_group_alik
             Schedule("r1", 2, sampled_token=51),
         ],
     )
-    assert result.hit_length == 8
-    assert result.hit_block_ids is not None
-    assert [len(group) for group in result.hit_block_ids] == [2, 4]
+    assert results[-1].hit_length == 8
+    assert results[-1].hit_block_ids is not None
+    assert [len(group) for group in results[-1].hit_block_ids] == [2, 4]
 
 
 def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_alike() -> None:
@@ -204,7 +194,7 @@ def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_al
     config = TargetConfig(
         15, 2, (FULL4, GroupSpec("sliding_window", 26)), True, use_eagle=True, prefix_cache_retention_interval=0
     )
-    _, result = _run(
+    _, results = run_alike(
         config,
         [
             AddRequest("r0", (0,) * 16),
@@ -213,4 +203,4 @@ def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_al
             Schedule("r0", 2, num_external_tokens=1, sampled_token=0),
         ],
     )
-    assert result.hit_length == 4
+    assert results[-1].hit_length == 4

@@ -19,10 +19,10 @@ vllm = pytest.importorskip(
 import kvcore  # noqa: E402
 from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
-from kvcheck.ops import AddRequest, Finish, Operation, Schedule, StepResult  # noqa: E402
-from kvcheck.targets import load_target  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager  # noqa: E402
+from tests.vllm.alike import run_alike  # noqa: E402
 
 KINDS = ("full", "sliding_window", "sliding_window_mla", "chunked_local", "mamba", "rswa")
 
@@ -91,19 +91,13 @@ WINDOW = GroupSpec("sliding_window", 2)
 PROMPT = tuple(range(100, 112))
 
 
-def _run(config: TargetConfig, ops: Sequence[Operation]) -> tuple[Lockstep, list[StepResult]]:
-    """Each operation on kvcore, vLLM and the model, checked after every step; every step's result."""
-    lockstep = Lockstep(load_target("kvcore+vllm"), config.validate())
-    return lockstep, [lockstep.step(op)[0] for op in ops]
-
-
 def _window_key_lengths(lockstep: Lockstep, group_id: int) -> list[int]:
     return sorted(len(prefix) for group, prefix, _ in lockstep.model.observe().cache_entries if group == group_id)
 
 
 def test_an_interval_keeps_a_windows_blocks_at_its_ends_and_the_replay_boundary_alike() -> None:
     config = TargetConfig(32, 1, (WINDOW,), True, prefix_cache_retention_interval=4)
-    lockstep, results = _run(
+    lockstep, results = run_alike(
         config,
         [
             AddRequest("a", PROMPT),
@@ -120,7 +114,7 @@ def test_an_interval_keeps_a_windows_blocks_at_its_ends_and_the_replay_boundary_
 def test_a_shared_prefix_is_kept_once_a_request_computes_it_alike() -> None:
     config = TargetConfig(64, 1, (GroupSpec("full"), WINDOW), True, prefix_cache_retention_interval=0)
     first = PROMPT[:8]
-    lockstep, results = _run(
+    lockstep, results = run_alike(
         config,
         [
             AddRequest("a", first),
