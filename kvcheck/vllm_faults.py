@@ -354,11 +354,14 @@ def _partial_key_outlives_eviction(manager: Any) -> None:
 
 
 def _replicated_group_sharded(manager: Any) -> None:
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
     coordinator = manager.coordinator
+    # (A unitary coordinator keeps its one manager's world size: 1 for a lone replicated group.)
     world_size = getattr(coordinator, "dcp_world_size", 1)
     for group_manager in coordinator.single_type_managers:
         spec = group_manager.kv_cache_spec
-        if getattr(spec, "dcp_sharded", True) is False and hasattr(spec, "num_kv_heads"):
+        if isinstance(spec, AttentionSpec) and not spec.dcp_sharded:
             # The bug: SingleTypeKVCacheManager.__init__ scaling the block size by the
             # dcp_world_size argument instead of self.dcp_world_size (1 when not sharded).
             group_manager.block_size = spec.block_size * world_size

@@ -53,6 +53,7 @@ class SchedulerDrivenTarget:
 
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
+        self._block_sizes = config.block_sizes
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()
         self.loading: set[str] = set()
@@ -330,7 +331,7 @@ class SchedulerDrivenTarget:
         config = self.config
         return read_positions(
             config.groups,
-            config.block_sizes,
+            self._block_sizes,
             num_computed_tokens,
             num_new_tokens,
             request.num_prompt_tokens,
