@@ -29,6 +29,7 @@ GROUP_KINDS = (
     "ring",
     "cross_attention",
     "mamba",
+    "mamba_align",
 )
 SLIDING_KINDS = ("sliding_window", "sliding_window_mla")
 """The sliding-window kinds: plain, and over MLA's latent vectors (a spec of its own)."""
@@ -38,6 +39,8 @@ FULL_HIT_KINDS = ("full", "mla", "rswa")
 """The kinds whose prefix hit is full attention's (every block from the first on)."""
 UNCACHED_KINDS = ("ring", "cross_attention")
 """The kinds outside the prefix cache: a ring buffer's one scratch block, cross-attention's encoder blocks."""
+MAMBA_KINDS = ("mamba", "mamba_align")
+"""The Mamba state kinds: vLLM's ``none`` cache mode and its ``align`` mode."""
 CACHING_OFF_KINDS = ("cross_attention", "mamba")
 """The kinds vLLM 0.33.0 runs only with prefix caching off: cross-attention, and Mamba outside its align mode."""
 MAX_SPECULATIVE_BLOCKS = 8
@@ -68,9 +71,13 @@ class GroupSpec:
     beside the prompt (``rswa``), in tokens; ``None`` for the other kinds:
     ``full``, ``mla`` (multi-head latent attention: full attention of a spec
     of its own), ``ring`` (a ring buffer: one scratch block per request),
-    ``cross_attention`` (blocks for the encoder's tokens) and ``mamba`` (a
+    ``cross_attention`` (blocks for the encoder's tokens), ``mamba`` (a
     Mamba state group in vLLM's ``none`` cache mode: the block holding the
-    last computed token's state is kept, every one before it freed).
+    last computed token's state is kept, every one before it freed) and
+    ``mamba_align`` (a Mamba state group in vLLM's ``align`` mode: position
+    ``p`` holds the state after ``(p + 1) * block_size`` tokens, a step
+    reaching a new block gets one there and null blocks before it, full
+    blocks' states are prefix-cached and a hit needs only its last state).
 
     ``speculative_blocks`` (``mamba`` only) is how many blocks past the
     slots every allocation reserves for the states of draft tokens.
@@ -100,9 +107,13 @@ class GroupSpec:
             block_size = self.block_size
         if not isinstance(self.dcp_replicated, bool):
             raise ConfigError(f"{where}.dcp_replicated", f"must be true or false, got {shown(self.dcp_replicated)}")
-        if self.dcp_replicated and self.kind == "mamba":
-            raise ConfigError(f"{where}.dcp_replicated", "true for a mamba group, whose state is never sharded")
+        if self.dcp_replicated and self.kind in MAMBA_KINDS:
+            raise ConfigError(f"{where}.dcp_replicated", f"true for a {self.kind} group, whose state is never sharded")
         field = f"{where}.speculative_blocks"
+        if self.kind == "mamba_align" and self.speculative_blocks != 0:
+            raise ConfigError(
+                field, f"speculative blocks in the align mode are not modelled, got {shown(self.speculative_blocks)}"
+            )
         if self.kind != "mamba" and self.speculative_blocks != 0:
             raise ConfigError(field, f"only a mamba group has speculative blocks, got {shown(self.speculative_blocks)}")
         if not is_int(self.speculative_blocks) or not 0 <= self.speculative_blocks <= MAX_SPECULATIVE_BLOCKS:
@@ -135,7 +146,7 @@ class GroupSpec:
         token 0; a Mamba state the last computed token.  Every token before it is
         skipped: no later token reads it.
         """
-        if self.kind == "mamba":
+        if self.kind in MAMBA_KINDS:
             return max(0, num_computed_tokens - 1)
         if self.kind in SLIDING_KINDS:
             assert self.window is not None
@@ -265,7 +276,7 @@ class TargetConfig:
         """Whether decode context parallelism shards group ``group_id``: every attention group not
         ``dcp_replicated``; never a Mamba state."""
         group = self.groups[group_id]
-        return not group.dcp_replicated and group.kind != "mamba"
+        return not group.dcp_replicated and group.kind not in MAMBA_KINDS
 
     def group_block_size(self, group_id: int) -> int:
         """The tokens a block of group ``group_id`` holds over all ranks (vLLM's manager block size):
@@ -312,6 +323,19 @@ class TargetConfig:
             self.group_block_size(g) for g, group in enumerate(self.groups) if group.kind not in UNCACHED_KINDS
         ]
         return math.gcd(*(cacheable or self.block_sizes))
+
+    @property
+    def loads_external_tokens(self) -> bool:
+        """Whether steps take the external tokens operations ask for: not beside an align-mode Mamba group,
+        whose blocks for them vLLM 0.33.0's admission does not count (the pool runs dry inside
+        ``allocate_slots``; ``tests/vllm/test_known_defects.py``)."""
+        return not any(group.kind == "mamba_align" for group in self.groups)
+
+    @property
+    def runs_spec_decode(self) -> bool:
+        """Whether speculative decode steps run: not beside an align-mode Mamba group, whose draft
+        states need its speculative blocks (not modelled)."""
+        return self.loads_external_tokens
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:
@@ -445,7 +469,40 @@ class TargetConfig:
         self._validate_context_parallel()
         self._validate_block_sizes()
         self._validate_retention_interval()
+        self._validate_aligned_mamba()
         return self
+
+    def _validate_aligned_mamba(self) -> None:
+        """Refuse what kvcheck does not model beside a ``mamba_align`` group (nor kvcore implements)."""
+        if not self.enable_caching:
+            return
+        for index, group in enumerate(self.groups):
+            if group.kind != "mamba_align":
+                continue
+            size = self.group_block_size(index)
+            if self.hash_size < size:
+                raise ConfigError(
+                    "hash_block_size",
+                    f"{self.hash_size} is below groups[{index}] mamba_align's block_size {size}: vLLM 0.33.0 then "
+                    "hits states inside a block (fine-grained hits, not modelled)",
+                )
+            if self.dcp_world_size > 1:
+                raise ConfigError(
+                    "dcp_world_size",
+                    f"{self.dcp_world_size} with prefix caching and groups[{index}] mamba_align: vLLM 0.33.0 then "
+                    "hits states inside a block (fine-grained hits, not modelled)",
+                )
+            if self.prefix_cache_retention_interval is not None:
+                raise ConfigError(
+                    "prefix_cache_retention_interval",
+                    f"{self.prefix_cache_retention_interval} with groups[{index}] mamba_align: sparse state "
+                    "retention is not modelled (use null)",
+                )
+            if self.use_eagle:
+                raise ConfigError(
+                    "use_eagle",
+                    f"true with groups[{index}] mamba_align: its prefill checkpoints beside a drafter are not modelled",
+                )
 
     def _validate_context_parallel(self) -> None:
         """Refuse the world sizes vLLM 0.33.0 refuses: with prefix caching, sharded groups other than full

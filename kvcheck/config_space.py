@@ -12,10 +12,11 @@ layers (a multimodal model keeping its prompt and a window); or MLA
 layers with an EAGLE drafter's full-attention layers in a group of their
 own (DeepSeek); or a ring buffer beside full attention (a
 compressed-attention model); or, with prefix caching off, full attention
-and Mamba layers (Jamba, Nemotron-H, Granite 4, Qwen3-Next; some reserving
-blocks for draft states), or decoder self-attention and cross-attention
-(Whisper, with its fixed encoder length).  One single-group draw in eight
-with caching free to be off is a pure Mamba model, and one in eight of the
+and Mamba layers (Jamba, Nemotron-H, Granite 4, Qwen3-Next; without prefix
+caching some reserve blocks for draft states, with it the Mamba groups run
+vLLM's align mode, where states sit on block boundaries and are cached), or
+decoder self-attention and cross-attention (Whisper, with its fixed encoder
+length).  One single-group draw in eight is a pure Mamba model, and one in eight of the
 others an R-SWA group alone.  The other
 configurations mix every kind but cross-attention and Mamba freely.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
@@ -90,7 +91,7 @@ SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", 
 """Layouts shaped like shipped models (see the module's docstring)."""
 LAYOUTS = ("mixed", *SHIPPED_LAYOUTS)
 """Every layout :func:`random_config` draws: ``mixed`` mixes the kinds freely."""
-CACHING_OFF_LAYOUTS = ("mamba", "encoder_decoder")
+CACHING_OFF_LAYOUTS = ("encoder_decoder",)
 
 
 def _layout_groups(
@@ -136,7 +137,7 @@ def _draw_layout(rng: random.Random, count: int) -> str:
     if count > 1 and rng.random() < 0.5:
         return rng.choices(SHIPPED_LAYOUTS, weights=(4, 4, 2, 2, 2, 3, 2))[0]
     if count == 1 and rng.random() < 1 / 8:
-        return "mamba"
+        return "mamba"  # a pure Mamba model, in the align mode when caching is on
     if count == 1 and rng.random() < 1 / 8:
         return "rswa"
     return "mixed"
@@ -179,6 +180,9 @@ def random_config(
     if layout == "deepseek" and caching is None:
         # Served with prefix caching and its MTP drafter, which drops a block from the drafter group's hits.
         enable_caching = True
+    if layout == "mamba" and enable_caching:
+        # Prefix caching of Mamba states: vLLM's align mode (no speculative blocks, not modelled there).
+        groups = tuple(GroupSpec("mamba_align") if group.kind == "mamba" else group for group in groups)
     if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
@@ -189,10 +193,13 @@ def random_config(
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
     eagle_drawn = rng.random() < 1 / 2 or layout == "deepseek"
-    can_drop = [index for index, group in enumerate(groups) if group.kind != "chunked_local"]
+    # A draft model has no Mamba layers.
+    can_drop = [index for index, group in enumerate(groups) if group.kind not in ("chunked_local", "mamba_align")]
     # Beside a chunked-local group the drafter sits in other groups only
     # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
-    use_eagle = eagle_drawn and enable_caching and bool(can_drop)
+    # (Not beside an align-mode Mamba group: its prefill checkpoints for a drafter are not modelled.)
+    aligned_mamba = any(group.kind == "mamba_align" for group in groups)
+    use_eagle = eagle_drawn and enable_caching and bool(can_drop) and not aligned_mamba
     must_name_drafters = use_eagle and len(can_drop) < count
     # A drafter proposes a few tokens per step, and every step reserves slots for them.
     num_lookahead_tokens = rng.choice([1, 2, 3, 4]) if rng.random() < 1 / 3 else 0

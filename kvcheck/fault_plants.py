@@ -339,6 +339,7 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         if apply_admission_cap:  # the whole-request gate counts before anything is taken
             return count_blocks(
@@ -357,7 +358,12 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
                 )
             hit_taken.add(request_id)
         return count_blocks(
-            request_id, num_tokens, new_computed_blocks, total_computed_tokens, num_encoder_tokens=num_encoder_tokens
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_encoder_tokens=num_encoder_tokens,
+            num_tokens_main_model=num_tokens_main_model,
         )
 
     def allocate_new_computed_blocks(
@@ -645,12 +651,19 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         # The bug: cross-attention's blocks are counted like every other
         # group's, for the decoder's tokens, while they are allocated for the
         # encoder's: admission refuses steps that fit, or admits ones that don't.
         return count_blocks(
-            request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap, num_tokens
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            apply_admission_cap,
+            num_tokens,
+            num_tokens_main_model,
         )
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

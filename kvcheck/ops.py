@@ -10,9 +10,12 @@ interpreter so that targets and model cannot disagree about them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
+
+if TYPE_CHECKING:
+    from kvcheck.config import TargetConfig
 
 GroupIds = tuple[tuple[int, ...], ...]
 """Block ids per KV-cache group."""
@@ -237,6 +240,48 @@ def plan_schedule(
     external = max(0, min(op.num_external_tokens, num_tokens - 1 - hit_length))
     new = min(op.num_new_tokens, num_tokens - hit_length - external)
     return ScheduleAmounts(new, external)
+
+
+def split_at_mamba_states(
+    amounts: ScheduleAmounts,
+    op: Schedule,
+    start: int,
+    num_tokens: int,
+    num_prompt_tokens: int,
+    shared_prefix_boundary: int,
+    config: TargetConfig,
+) -> ScheduleAmounts:
+    """The step's new tokens clipped as vLLM 0.33.0's scheduler clips a prefill chunk beside an
+    align-mode Mamba group, where states exist only on block boundaries (``_mamba_block_aligned_split``,
+    with no prefill checkpoints nor fine-grained hits).
+
+    ``start`` is where the chunk starts (computed, hit and external tokens).
+    Until the prefill ends (the prompt, or all but the last token of a
+    resumed request) a chunk ends on a block boundary when it reaches one,
+    and never runs past the next boundary when it starts inside a block (a
+    block wider than the step's ``num_new_tokens``, which stands for the
+    scheduler's token budget, advances inside the block).  It also stops at
+    the last boundary the request can cache and at the block boundary below
+    the end of a prefix a lookup found shared (``shared_prefix_boundary``).
+    """
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return amounts
+    block_size = config.scheduler_block_size
+    end = start + amounts.num_new_tokens
+    if end < prefill_end:
+        aligned_end = end // block_size * block_size
+        if aligned_end > start or block_size <= op.num_new_tokens:
+            end = aligned_end
+    last_cacheable = max(0, (num_tokens - max(1, config.num_hash_lookahead_tokens)) // block_size * block_size)
+    junction = shared_prefix_boundary
+    stops = (
+        (start // block_size + 1) * block_size if start % block_size else 0,
+        last_cacheable,
+        start + (junction - start) // block_size * block_size if start < junction < end else 0,
+    )
+    end = min((stop for stop in stops if start < stop < end), default=end)
+    return attrs.evolve(amounts, num_new_tokens=max(end - start, 0))
 
 
 @attrs.frozen

@@ -50,7 +50,8 @@ def read_positions(
     """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
     ``num_computed_tokens`` reads or writes (of a request with a ``num_prompt_tokens``-token prompt):
     the attended blocks up to the last new token; an R-SWA group's prompt and window; a ring
-    buffer's block; cross-attention's blocks for the encoder's tokens.  ``block_sizes`` has each
+    buffer's block; cross-attention's blocks for the encoder's tokens; an align-mode Mamba group's
+    state block before the step and the block of its last token.  ``block_sizes`` has each
     group's block size."""
     positions = []
     for group, block_size in zip(groups, block_sizes, strict=True):
@@ -59,6 +60,10 @@ def read_positions(
             positions.append((0,))
         elif group.kind == "cross_attention":
             positions.append(tuple(range(-(-num_encoder_tokens // block_size))))
+        elif group.kind == "mamba_align":
+            # The state it starts from and the block of its last token; the positions between are null.
+            start_state = -(-num_computed_tokens // block_size) - 1
+            positions.append(tuple(sorted({p for p in (start_state, end - 1) if p >= 0})))
         else:
             gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
             start = 0 if group.kind == "rswa" else gap.stop

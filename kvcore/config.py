@@ -127,22 +127,46 @@ def _non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: 
         raise InvalidConfig(attribute.name, value, "must be an int >= 0")
 
 
+MAMBA_CACHE_MODES = ("none", "align")
+
+
+def _mamba_cache_mode(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in MAMBA_CACHE_MODES:
+        raise InvalidConfig(attribute.name, value, f"must be one of {list(MAMBA_CACHE_MODES)}")
+
+
 @attrs.frozen
 class MambaSpec:
-    """A Mamba (linear-attention) state group in vLLM's ``none`` cache mode.
+    """A Mamba (linear-attention) state group, in one of vLLM's cache modes.
 
-    A token reads only the state left by the token before it, so once ``n``
+    A token reads only the state left by the token before it.  In the
+    ``none`` mode (``cache_mode``) the state is never cached: once ``n``
     tokens are computed every block before the one holding token ``n - 1``
-    is freed.  Each allocation reserves ``num_speculative_blocks`` blocks
+    is freed, and each allocation reserves ``num_speculative_blocks`` blocks
     past the slots, where an MTP/EAGLE verifier keeps the states of draft
-    tokens.  The state is never cached: prefix caching needs vLLM's
-    ``align`` mode.
+    tokens.
+
+    In the ``align`` mode (prefix caching of states) table position ``p``
+    holds the state after ``(p + 1) * block_size`` tokens: the scheduler
+    ends prefill chunks on block boundaries, and a step that reaches a new
+    block gets one new block there, the positions it skips padded with the
+    null block.  The block the step copies its state from stays until the
+    next step; every earlier one is freed.  A full block's state is cached
+    under the hash of its prefix, and a hit needs only the state block at
+    its end (found by searching right to left).  kvcore implements the
+    align mode without speculative blocks (see :class:`KVCacheConfig`).
     """
 
     block_size: int = attrs.field(validator=_positive_int)
     num_speculative_blocks: int = attrs.field(default=0, validator=_non_negative_int)
+    cache_mode: str = attrs.field(default="none", validator=_mamba_cache_mode)
 
     kind = "mamba"
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the group runs in the ``align`` mode (its states are prefix-cached)."""
+        return self.cache_mode == "align"
 
 
 AttentionSpec = (
@@ -258,8 +282,13 @@ class KVCacheConfig:
     R-SWA), and one sliding-window or chunked-local group is never sharded,
     as vLLM 0.33.0 asserts.
 
-    Cross-attention and Mamba groups have no prefix cache, so they need caching off;
-    with caching on, a hybrid cache needs a group that is not a ring buffer.
+    Cross-attention groups and Mamba groups outside the ``align`` mode have
+    no prefix cache, so they need caching off; with caching on, a hybrid
+    cache needs a group that is not a ring buffer.  Beside an ``align``-mode
+    Mamba group kvcore does not implement (and refuses by field, saying so)
+    speculative blocks, fine-grained state hits (a hash block size below the
+    Mamba block size, or decode context parallelism with prefix caching), a
+    retention interval, or an EAGLE drafter.
     The block sizes vLLM 0.33.0's manager refuses are refused by field.
     """
 
@@ -297,6 +326,7 @@ class KVCacheConfig:
             )
         self._check_block_sizes()
         self._check_retention_interval()
+        self._check_aligned_mamba()
         self._check_group_ids("eagle_group_ids", self.eagle_group_ids)
         if not isinstance(self.watermark, int | float) or isinstance(self.watermark, bool):
             raise InvalidConfig("watermark", self.watermark, "must be a fraction of the pool")
@@ -321,7 +351,7 @@ class KVCacheConfig:
                         f"groups[{index}] is cross-attention, which has no prefix cache (vLLM 0.33.0 fails its "
                         "first lookup)",
                     )
-                if isinstance(spec, MambaSpec):
+                if isinstance(spec, MambaSpec) and not spec.aligned:
                     raise InvalidConfig(
                         "enable_caching",
                         True,
@@ -338,6 +368,49 @@ class KVCacheConfig:
                     lookahead,
                     f"a drafter with prefix caching needs scheduler_block_size (={self.scheduler_block_size}) >= "
                     "its prefill lookahead",
+                )
+
+    def _check_aligned_mamba(self) -> None:
+        """Refuse what vLLM 0.33.0 refuses beside an ``align``-mode Mamba group, and what kvcore does not
+        implement of that mode (named as such)."""
+        for index, spec in enumerate(self.groups):
+            if not isinstance(spec, MambaSpec) or not spec.aligned:
+                continue
+            if spec.num_speculative_blocks:
+                raise InvalidConfig(
+                    f"groups[{index}].num_speculative_blocks",
+                    spec.num_speculative_blocks,
+                    "kvcore does not implement speculative blocks in the Mamba align mode (use 0)",
+                )
+            if not self.enable_caching:
+                continue
+            if self.dcp_world_size > 1:
+                raise InvalidConfig(
+                    "dcp_world_size",
+                    self.dcp_world_size,
+                    f"groups[{index}] is Mamba in the align mode: under decode context parallelism vLLM "
+                    "0.33.0 turns on fine-grained (sub-block) state hits, which kvcore does not implement",
+                )
+            if spec.block_size > self.hash_block_size:
+                raise InvalidConfig(
+                    "hash_block_size",
+                    self.hash_block_size,
+                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks: kvcore does "
+                    "not implement the fine-grained (sub-block) state hits a smaller hash block size turns on",
+                )
+            if self.prefix_cache_retention_interval is not None:
+                raise InvalidConfig(
+                    "prefix_cache_retention_interval",
+                    self.prefix_cache_retention_interval,
+                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement its sparse state "
+                    "retention (use None)",
+                )
+            if self.use_eagle:
+                raise InvalidConfig(
+                    "use_eagle",
+                    True,
+                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement its prefill "
+                    "checkpoints beside an EAGLE drafter",
                 )
 
     def _check_group_ids(self, name: str, group_ids: tuple[int, ...]) -> None:
@@ -492,9 +565,13 @@ def default_scheduler_block_size(groups: tuple[AttentionSpec, ...]) -> int:
 def default_hash_block_size(groups: tuple[AttentionSpec, ...], enable_caching: bool) -> int:
     """The hashing granularity an engine picks: with prefix caching and several groups, the greatest
     common divisor of the block sizes of the groups in the prefix cache; otherwise the scheduler block
-    size (also with a Mamba group, outside its align mode)."""
+    size (also with a Mamba group outside its align mode)."""
     scheduler = default_scheduler_block_size(groups)
-    if len(groups) == 1 or not enable_caching or any(isinstance(spec, MambaSpec) for spec in groups):
+    if (
+        len(groups) == 1
+        or not enable_caching
+        or any(isinstance(spec, MambaSpec) and not spec.aligned for spec in groups)
+    ):
         return scheduler
     cacheable = [spec.block_size for spec in groups if is_prefix_cacheable(spec)] or [
         spec.block_size for spec in groups

@@ -55,13 +55,21 @@ class KVCacheCoordinator:
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """Free blocks all groups together consume to give the request ``num_tokens`` slots (and a
-        cross-attention group ``num_encoder_tokens`` slots)."""
+        cross-attention group ``num_encoder_tokens`` slots, an align-mode Mamba group
+        ``num_tokens_main_model``: ``num_tokens`` without the lookahead, by default all of them)."""
         return sum(
             manager.num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, apply_admission_cap)
             if isinstance(manager, CrossAttentionManager)
-            else manager.num_blocks_to_allocate(request_id, num_tokens, hit, total_computed_tokens, apply_admission_cap)
+            else manager.num_blocks_to_allocate(
+                request_id,
+                _slots_of(manager, num_tokens, num_tokens_main_model),
+                hit,
+                total_computed_tokens,
+                apply_admission_cap,
+            )
             for manager, hit in zip(self.managers, new_computed_blocks)
         )
 
@@ -91,12 +99,16 @@ class KVCacheCoordinator:
                 )
 
     def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
+        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0, num_tokens_main_model: int | None = None
     ) -> tuple[list[KVBlock], ...]:
-        """Grow every table to ``num_tokens`` slots; a cross-attention group's to ``num_encoder_tokens``."""
+        """Grow every table to ``num_tokens`` slots; a cross-attention group's to ``num_encoder_tokens``, an
+        align-mode Mamba group's to ``num_tokens_main_model`` (by default ``num_tokens``)."""
         return tuple(
             manager.allocate_new_blocks(
-                request_id, num_encoder_tokens if isinstance(manager, CrossAttentionManager) else num_tokens
+                request_id,
+                num_encoder_tokens
+                if isinstance(manager, CrossAttentionManager)
+                else _slots_of(manager, num_tokens, num_tokens_main_model),
             )
             for manager in self.managers
         )
@@ -118,6 +130,10 @@ class KVCacheCoordinator:
         for group_id, manager in enumerate(self.managers):
             if manager.enable_caching:
                 manager.cache_blocks(request, self.num_cacheable_tokens(num_tokens, group_id), boundaries)
+
+    def new_step_starts(self) -> None:
+        for manager in self.managers:
+            manager.new_step_starts()
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         for manager in self.managers:
@@ -290,6 +306,13 @@ class HybridCoordinator(KVCacheCoordinator):
             finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
             return min(finalized, finalized // alignment * alignment + self.managers[group_id].block_size)
         return aligned
+
+
+def _slots_of(manager: SingleTypeManager, num_tokens: int, num_tokens_main_model: int | None) -> int:
+    """The slots ``manager`` is given: the main model's, for a group a drafter has no layers in."""
+    if manager.counts_main_model_slots and num_tokens_main_model is not None:
+        return num_tokens_main_model
+    return num_tokens
 
 
 def replay_boundaries(num_prompt_tokens: int, scheduler_block_size: int, drops: bool) -> tuple[int, ...]:

@@ -160,7 +160,12 @@ class KVCacheManager:
             rid, max(0, total_computed_tokens - request.num_in_flight_tokens), request.num_prompt_tokens
         )
         num_blocks_needed = coordinator.num_blocks_to_allocate(
-            rid, num_tokens_need_slot, new_computed_blocks, total_computed_tokens, num_encoder_tokens=num_encoder_tokens
+            rid,
+            num_tokens_need_slot,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_encoder_tokens=num_encoder_tokens,
+            num_tokens_main_model=num_tokens_main_model,
         )
         if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None
@@ -168,7 +173,9 @@ class KVCacheManager:
             coordinator.allocate_new_computed_blocks(
                 rid, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
             )
-        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens_need_slot, num_encoder_tokens)
+        new_blocks = coordinator.allocate_new_blocks(
+            rid, num_tokens_need_slot, num_encoder_tokens, num_tokens_main_model
+        )
         if self.enable_caching and not delay_cache_blocks:
             # Only tokens that exist are cached: lookahead slots are not yet final.
             coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
@@ -221,7 +228,8 @@ class KVCacheManager:
                 del self._popped[block_id]
 
     def new_step_starts(self) -> None:
-        """A scheduler step begins.  No group kind kvcore has keeps per-step state, so nothing changes."""
+        """A scheduler step begins: an align-mode Mamba group may now hit the states cached in the last one."""
+        self.coordinator.new_step_starts()
 
     def reset_prefix_cache(self) -> bool:
         """Empty the prefix cache; refused (``False``) while any block is held."""

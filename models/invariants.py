@@ -292,7 +292,8 @@ def _check_stored_event(check: StepCheck, index: int, event: StoredEvent) -> Non
 def scheduled_slots_have_blocks(check: StepCheck) -> None:
     """After an admitted step, the request's table in every group covers every token position the
     step asked slots for: computed and new tokens, drafts and lookahead (skipped positions hold the
-    null block).
+    null block); an align-mode Mamba group the main model's positions, without the lookahead (a
+    drafter has no Mamba layers).
 
     Guards: draft or lookahead positions left without a block (the target's
     own request, checked without the model)."""
@@ -305,13 +306,16 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
         if check.config.groups[group_id].kind in UNCACHED_KINDS:
             continue  # sized by ring_holds_one_block and cross_attention_holds_encoder_blocks
         block_size = check.config.group_block_size(group_id)
-        if len(table) * block_size < num_slots:
+        positions = num_slots
+        if check.config.groups[group_id].kind == "mamba_align":
+            positions -= check.config.num_lookahead_tokens
+        if len(table) * block_size < positions:
             _fail(
                 check,
                 "scheduled_slots_have_blocks",
                 f"request {request_id} group {group_id} has {len(table)} blocks of {block_size} tokens "
-                f"for {num_slots} scheduled positions",
-                ceil_div(num_slots, block_size),
+                f"for {positions} scheduled positions",
+                ceil_div(positions, block_size),
                 len(table),
             )
 
@@ -423,6 +427,32 @@ def mamba_keeps_a_state_tail(check: StepCheck) -> None:
                 check,
                 "mamba_keeps_a_state_tail",
                 f"request {rid} group {group_id} (Mamba) has blocks in the prefix cache: {cached}",
+            )
+
+
+def mamba_align_keeps_few_states(check: StepCheck) -> None:
+    """A request holding blocks in an align-mode Mamba group holds its newest state in the table's
+    last position, and at most two live blocks there (the state a step copies from and the one it
+    writes), three under async scheduling (a step in flight keeps the state it started from); every
+    other position holds the null block.
+
+    Guards: null padding off by one (the new state not at the last slot's
+    block); positions between states given real blocks, as an attention
+    group's are; states behind the processed tokens never freed (the
+    target's own state, checked without the model)."""
+    limit = 3 if check.config.async_scheduling else 2
+    for rid, group_id, table in _tables_of_kind(check, "mamba_align"):
+        if not table:
+            continue
+        live = [b for b in table if b != 0]
+        if table[-1] == 0 or len(live) > limit:
+            _fail(
+                check,
+                "mamba_align_keeps_few_states",
+                f"request {rid} group {group_id} (Mamba, align mode) must end in a live block and hold at most "
+                f"{limit} live blocks, null blocks elsewhere",
+                f"at most {limit} live blocks, the last position live",
+                list(table),
             )
 
 
@@ -663,6 +693,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     cross_attention_holds_encoder_blocks,
     rswa_keeps_the_prompt,
     mamba_keeps_a_state_tail,
+    mamba_align_keeps_few_states,
     in_flight_blocks_held,
     hit_block_never_written,
     admission_matches_model,

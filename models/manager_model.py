@@ -25,6 +25,7 @@ from kvcheck.ops import (
     StartAsyncLoad,
     StepResult,
     plan_schedule,
+    split_at_mamba_states,
 )
 from kvcheck.pipeline import StepPipeline
 
@@ -44,10 +45,13 @@ def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> rang
     Full attention (and R-SWA) needs every block before the boundary; a
     sliding window only the blocks covering the last ``window - 1`` tokens
     before it; chunked local attention the blocks of the boundary's own chunk
-    before it; a group outside the prefix cache none.
+    before it; an align-mode Mamba group the one state block ending on it; a
+    group outside the prefix cache none.
     """
     if group.kind in UNCACHED_KINDS:
         return range(0)
+    if group.kind == "mamba_align":
+        return range(hit_blocks - 1, hit_blocks) if hit_blocks else range(0)
     if group.kind in SLIDING_KINDS:
         assert group.window is not None
         return range(max(0, hit_blocks - ceil_div(group.window - 1, block_size)), hit_blocks)
@@ -123,7 +127,11 @@ class ManagerModel:
                 if periodic is None or needed < periodic // block_size:
                     self.sparse_windows[group_id] = (periodic, needed, shift)
         self.tracks_shared_prefix = self.retention is not None and bool(self.sparse_windows)
-        """Whether a request's shared prefix changes what is cached (and so is worth looking up)."""
+        """Whether a request's shared prefix changes what is cached."""
+        self.aligned_mamba = any(group.kind == "mamba_align" for group in config.groups)
+        self.records_shared_prefix = self.tracks_shared_prefix or self.aligned_mamba
+        """Whether a request's shared prefix changes what is cached or where a prefill chunk ends (beside
+        an align-mode Mamba group), and so is worth looking up."""
         self._num_deferred = 0
 
     # -- reading --------------------------------------------------------------
@@ -166,7 +174,7 @@ class ManagerModel:
         else:
             hit_tokens = self.plain_hit_tokens(request_id)
             # Only a sparse window under a retention interval caches by it: look it up only there.
-            longest = self.first_lookup_tokens(request_id) if self.tracks_shared_prefix else 0
+            longest = self.first_lookup_tokens(request_id) if self.records_shared_prefix else 0
         if longest > hit_tokens:
             request.shared_prefix_boundary = longest
         found = []
@@ -363,17 +371,29 @@ class ManagerModel:
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
+        if not self.config.loads_external_tokens:
+            op = attrs.evolve(op, num_external_tokens=0)
         amounts = plan_schedule(
             op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None, placeholders
         )
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
+        if self.aligned_mamba:
+            amounts = split_at_mamba_states(
+                amounts,
+                op,
+                total_computed,
+                len(request.tokens),
+                request.num_prompt_tokens,
+                request.shared_prefix_boundary,
+                self.config,
+            )
         main_model_tokens = total_computed + amounts.num_new_tokens
         # Slots past the computed tokens are reserved for a drafter's tokens.
         slots = main_model_tokens + self.config.num_lookahead_tokens
         result_hit = (hit_length, hit_ids) if waiting else (None, None)
 
-        new_ids = self._allocate(rid, waiting, hit_ids, total_computed, external, slots)
+        new_ids = self._allocate(rid, waiting, hit_ids, total_computed, external, slots, main_model_tokens)
         if new_ids is None:
             return StepResult(admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1])
 
@@ -395,10 +415,20 @@ class ManagerModel:
         )
 
     def _allocate(
-        self, rid: str, waiting: bool, hit_ids: GroupIds, total_computed: int, external: int, slots: int
+        self,
+        rid: str,
+        waiting: bool,
+        hit_ids: GroupIds,
+        total_computed: int,
+        external: int,
+        slots: int,
+        main_model_tokens: int | None = None,
     ) -> GroupIds | None:
-        """``allocate_slots``: the request's table grows to ``slots`` token positions, a waiting request
-        first taking its hit and ``external`` loaded tokens; the new blocks, or ``None`` when refused."""
+        """``allocate_slots``: the request's table grows to ``slots`` token positions (an align-mode
+        Mamba group's to ``main_model_tokens``, the slots without a drafter's lookahead), a waiting
+        request first taking its hit and ``external`` loaded tokens; the new blocks, or ``None`` when
+        refused."""
+        main = slots if main_model_tokens is None else main_model_tokens
         request = self.requests[rid]
         num_groups = len(self.groups)
         config = self.config
@@ -421,7 +451,7 @@ class ManagerModel:
 
         # Admission: the step fits when the free queue holds every block it
         # takes: new blocks for the tables, plus hit blocks now sitting free.
-        taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, slots, cap=False)
+        taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, slots, cap=False, main=main)
         if taken + watermark > len(self.pool.free_order) - reserved:
             return None
 
@@ -443,16 +473,35 @@ class ManagerModel:
                     or (group.kind != "cross_attention" and total_computed - skipped_tokens(group, total_computed) > 0)
                 ):
                     self._grow(rid, group_id, total_computed, loaded=True)
-        return tuple(tuple(self._grow(rid, group_id, slots)) for group_id in range(num_groups))
+        return tuple(
+            tuple(self._grow(rid, group_id, main if group.kind == "mamba_align" else slots))
+            for group_id, group in enumerate(self.groups)
+        )
 
     def _blocks_needed(
-        self, rid: str, waiting: bool, hit_ids: GroupIds, total_computed: int, num_tokens: int, cap: bool
+        self,
+        rid: str,
+        waiting: bool,
+        hit_ids: GroupIds,
+        total_computed: int,
+        num_tokens: int,
+        cap: bool,
+        main: int | None = None,
     ) -> int:
-        """Free blocks the request takes to have ``num_tokens`` slots: new blocks for the tables, plus
-        hit blocks now sitting free.  With ``cap``, a group that frees blocks as it goes counts at most
-        what a request holds at once with ``max_in_flight_tokens`` tokens in flight."""
+        """Free blocks the request takes to have ``num_tokens`` slots (``main`` of them the main
+        model's): new blocks for the tables, plus hit blocks now sitting free.  With ``cap``, a group
+        that frees blocks as it goes counts at most what a request holds at once with
+        ``max_in_flight_tokens`` tokens in flight.  An align-mode Mamba group counts one new block when
+        the main model's slots reach past its table (hit included), and the shortfall (as a negative
+        count, vLLM 0.33.0 sums it) when its table reaches past them."""
         taken = 0
         for group_id, group in enumerate(self.groups):
+            if group.kind == "mamba_align":
+                hit = hit_ids[group_id] if waiting else ()
+                taken += sum(1 for b in hit if b in self.pool.free_order)
+                wanted = ceil_div(num_tokens if main is None else main, self.block_sizes[group_id])
+                taken += min(1, wanted - len(hit) - len(self.table(rid, group_id)))
+                continue
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
                 continue
@@ -490,11 +539,14 @@ class ManagerModel:
         request = self.requests[rid]
         if not request.running or request.num_computed_tokens != len(request.tokens) - 1 or self.pipeline.steps:
             return StepResult()
+        if not self.config.runs_spec_decode:
+            return StepResult()
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
         slots = request.num_computed_tokens + 1 + num_drafts + self.config.num_lookahead_tokens
         no_hit = tuple(() for _ in self.groups)
-        new_ids = self._allocate(rid, False, no_hit, request.num_computed_tokens, 0, slots)
+        main = request.num_computed_tokens + 1 + num_drafts
+        new_ids = self._allocate(rid, False, no_hit, request.num_computed_tokens, 0, slots, main)
         if new_ids is None:
             return StepResult(admitted=False)
         if self.config.enable_caching:
@@ -529,6 +581,13 @@ class ManagerModel:
             if loaded and self.groups[group_id].kind != "ring"
             else self._slot_blocks(rid, group_id, num_tokens)
         )
+        if self.groups[group_id].kind == "mamba_align" and not loaded and wanted > len(table):
+            # The state goes to the block of the last slot; the positions skipped hold the null block.
+            padding = [NULL] * max(0, wanted - 1 - len(table))
+            table.extend(padding)
+            added = padding + self.pool.take_free(wanted - len(table))
+            table.extend(added[len(padding) :])
+            return added
         added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
         return added
@@ -537,13 +596,16 @@ class ManagerModel:
         table = self.pool.holders.get((rid, group_id))
         if not table:
             return
-        released_range = self.groups[group_id].released_blocks(
+        group = self.groups[group_id]
+        released_range = group.released_blocks(
             total_computed, self.requests[rid].num_prompt_tokens, self.block_sizes[group_id]
         )
         end = min(released_range.stop, len(table))
         released: list[int] = []
         for position in range(end - 1, released_range.start - 1, -1):
             if table[position] == NULL:
+                if group.kind == "mamba_align":
+                    continue  # an align-mode Mamba table has null gaps between states: all are freed
                 break
             released.append(table[position])
             table[position] = NULL
@@ -583,6 +645,8 @@ class ManagerModel:
                 self.events.append(self._stored_event(rid, group_id, start, num_full, positions))
             if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
                 self._cache_partial_tail(rid, group_id, cacheable)
+            if group.kind == "mamba_align":
+                self._recache_prompt_state(rid, group_id, cacheable)
 
     def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
         """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
@@ -629,19 +693,36 @@ class ManagerModel:
         if not 0 < boundary <= num_tokens or boundary % block_size == 0 or boundary // block_size >= len(table):
             return
         key = (group_id, self.prefix_to(rid, boundary))
-        if not self.pool.add_key(table[boundary // block_size], key) or self.events is None:
+        if self.pool.add_key(table[boundary // block_size], key) and self.events is not None:
+            self.events.append(self._boundary_event(rid, group_id, boundary))
+
+    def _recache_prompt_state(self, rid: str, group_id: int, num_tokens: int) -> None:
+        """An align-mode Mamba group enters the state at the prompt's last hash boundary short of its
+        last token (of the hash lookahead) again, when ``num_tokens`` is that boundary and the state's
+        block lost its key (evicted while held)."""
+        request = self.requests[rid]
+        hash_size = self.hash_size
+        lookahead = max(1, self.config.num_hash_lookahead_tokens)
+        boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_size * hash_size)
+        table = self.table(rid, group_id)
+        position = ceil_div(num_tokens, self.block_sizes[group_id]) - 1
+        if num_tokens != boundary or boundary == 0 or position >= len(table) or table[position] in self.pool.cache:
             return
-        tokens = request.tokens
+        if self.pool.add_key(table[position], (group_id, self.prefix_to(rid, boundary))) and self.events is not None:
+            self.events.append(self._boundary_event(rid, group_id, boundary))
+
+    def _boundary_event(self, rid: str, group_id: int, boundary: int) -> StoredEvent:
+        """The event of entering a block under the key of the hash boundary after ``boundary`` tokens."""
+        tokens = self.requests[rid].tokens
+        hash_size = self.hash_size
         lookahead = self.config.num_hash_lookahead_tokens
-        self.events.append(
-            StoredEvent(
-                group=group_id,
-                prefixes=(key[1],),
-                parent=self.prefix_to(rid, boundary - hash_size) if boundary > hash_size else None,
-                token_ids=tuple(tokens[boundary - hash_size : boundary]),
-                block_size=hash_size,
-                lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
-            )
+        return StoredEvent(
+            group=group_id,
+            prefixes=(self.prefix_to(rid, boundary),),
+            parent=self.prefix_to(rid, boundary - hash_size) if boundary > hash_size else None,
+            token_ids=tuple(tokens[boundary - hash_size : boundary]),
+            block_size=hash_size,
+            lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
         )
 
     def _stored_event(self, rid: str, group_id: int, start: int, end: int, positions: list[int]) -> StoredEvent:
@@ -677,6 +758,8 @@ class ManagerModel:
         if self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
         external = min(op.num_external_tokens, len(request.tokens) - 1 - hit_length)
+        if not self.config.loads_external_tokens:
+            external = 0
         if external <= 0:
             return StepResult()
         total_computed = request.num_computed_tokens + hit_length + external

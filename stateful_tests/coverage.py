@@ -53,6 +53,8 @@ PARTIAL_ENTRY_CACHED = "prompt's last hash boundary cached inside a block"
 RETENTION_HIT = "prefix hit on a sliding window under a retention interval"
 SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a retention interval"
 CONTEXT_PARALLEL_HIT = "prefix hit on blocks sharded over decode context parallel ranks"
+MAMBA_ALIGN_HIT = "prefix hit on an align-mode Mamba state"
+MAMBA_ALIGN_PADDED = "align-mode Mamba step padded null blocks before its new state"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -83,6 +85,8 @@ ALL_LABELS = (
     RETENTION_HIT,
     SHARED_PREFIX_RECORDED,
     CONTEXT_PARALLEL_HIT,
+    MAMBA_ALIGN_HIT,
+    MAMBA_ALIGN_PADDED,
 )
 
 
@@ -286,6 +290,12 @@ def step_labels(
             labels.append(SHARED_PREFIX_RECORDED)
     if isinstance(op, Schedule) and result.admitted and result.hit_length and model.config.dcp_world_size > 1:
         labels.append(CONTEXT_PARALLEL_HIT)
+    if isinstance(op, Schedule) and result.admitted and model.aligned_mamba:
+        if result.hit_length:
+            labels.append(MAMBA_ALIGN_HIT)
+        new_ids = result.new_block_ids or ()
+        if any(0 in new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"):
+            labels.append(MAMBA_ALIGN_PADDED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

@@ -20,6 +20,8 @@ def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
         return kvcore.MLAAttentionSpec(block_size)
     if group.kind == "mamba":
         return kvcore.MambaSpec(block_size, group.speculative_blocks)
+    if group.kind == "mamba_align":
+        return kvcore.MambaSpec(block_size, cache_mode="align")
     if group.kind == "ring":
         return kvcore.CircularBufferSpec(block_size)
     if group.kind == "cross_attention":

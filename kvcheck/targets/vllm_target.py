@@ -162,13 +162,13 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
         return v.CrossAttentionSpec(**layout)
     if group.kind == "mla":
         return v.MLAAttentionSpec(**layout)
-    if group.kind == "mamba":
+    if group.kind in ("mamba", "mamba_align"):
         # One small state tensor; the allocator reads only the block size, the mode and the speculative blocks.
         return v.MambaSpec(
             shapes=((1,),),
             dtypes=(v.dtype,),
             block_size=block_size,
-            mamba_cache_mode="none",
+            mamba_cache_mode="align" if group.kind == "mamba_align" else "none",
             num_speculative_blocks=group.speculative_blocks,
         )
     raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")

@@ -15,7 +15,7 @@ from kvcore.config import (
 from kvcore.managers.base import SingleTypeManager
 from kvcore.managers.chunked_local import ChunkedLocalAttentionManager
 from kvcore.managers.full import FullAttentionManager
-from kvcore.managers.mamba import MambaManager
+from kvcore.managers.mamba import AlignedMambaManager, MambaManager
 from kvcore.managers.rswa import RSWAManager
 from kvcore.managers.scratch import CircularBufferManager, CrossAttentionManager
 from kvcore.managers.sliding_window import SlidingWindowManager
@@ -34,11 +34,14 @@ MANAGER_FOR_SPEC: dict[type, type[SingleTypeManager]] = {
 
 
 def manager_class_for(spec: AttentionSpec) -> type[SingleTypeManager]:
-    """The manager class that implements ``spec``'s attention type."""
+    """The manager class that implements ``spec``'s attention type (and a Mamba group's cache mode)."""
+    if isinstance(spec, MambaSpec) and spec.aligned:
+        return AlignedMambaManager
     return MANAGER_FOR_SPEC[type(spec)]
 
 
 __all__ = [
+    "AlignedMambaManager",
     "ChunkedLocalAttentionManager",
     "CircularBufferManager",
     "CrossAttentionManager",

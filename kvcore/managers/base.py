@@ -28,6 +28,22 @@ def block_hashes_at(
     return block_hashes[scale - 1 :: scale]
 
 
+def hash_boundary_event(request: Request, num_hashes: int, hash_block_size: int, group_id: int) -> BlockStored:
+    """The event of entering a block under the key of the request's hash boundary after ``num_hashes``
+    hash blocks (one hash block of tokens, after the boundary before it)."""
+    boundary = num_hashes * hash_block_size
+    tokens = request.all_token_ids
+    lookahead = request.num_hash_lookahead_tokens
+    return BlockStored(
+        block_hashes=(request.block_hashes[num_hashes - 1],),
+        parent_block_hash=request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
+        token_ids=tuple(tokens[boundary - hash_block_size : boundary]),
+        block_size=hash_block_size,
+        group_idx=group_id,
+        lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
+    )
+
+
 def drop_last_block(hit: HitBlocks) -> None:
     """Drop a non-empty hit's last block in every group: an EAGLE drafter recomputes that position."""
     if hit[0]:
@@ -47,6 +63,8 @@ class SingleTypeManager:
     """
 
     kind: ClassVar[str] = ""
+    counts_main_model_slots: ClassVar[bool] = False
+    """The group's slots are the main model's tokens only, not a drafter's lookahead (align-mode Mamba)."""
 
     def __init__(self, spec: AttentionSpec, pool: BlockPool, group_id: int, enable_caching: bool) -> None:
         self.spec = spec
@@ -280,6 +298,9 @@ class SingleTypeManager:
     def free(self, request_id: str) -> None:
         """Free the request's table, tail block first; an unknown request is a no-op."""
         self.pool.free_table(self.pop_blocks_for_free(request_id))
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (no per-step state by default)."""
 
     def check_invariants(self) -> None:
         """Every table is free of repeated blocks; cached counts fit their tables."""

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from kvcore.block_pool import BlockPool
 from kvcore.blocks_math import ceil_div
 from kvcore.config import AttentionSpec
-from kvcore.events import BlockStored
 from kvcore.hashing import BlockHash
-from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at
+from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at, hash_boundary_event
 from kvcore.request import Request
 
 
@@ -74,15 +73,4 @@ class FullAttentionManager(SingleTypeManager):
             self.pool.cache_partial_block(table[position], (block_hash, self.group_id))
             and self.pool.enable_kv_cache_events
         ):
-            tokens = request.all_token_ids
-            lookahead = request.num_hash_lookahead_tokens
-            self.pool.record_event(
-                BlockStored(
-                    block_hashes=(block_hash,),
-                    parent_block_hash=request.block_hashes[num_hashes - 2] if num_hashes > 1 else None,
-                    token_ids=tuple(tokens[boundary - hash_block_size : boundary]),
-                    block_size=hash_block_size,
-                    group_idx=self.group_id,
-                    lookahead_token_ids=(tuple(tokens[boundary : boundary + lookahead]),) if lookahead else None,
-                )
-            )
+            self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))

@@ -1,12 +1,17 @@
-"""Mamba state groups in vLLM's ``none`` cache mode: one live state, plus blocks for draft states."""
+"""Mamba state groups: vLLM's ``none`` cache mode (one live state, plus blocks for draft states) and its
+``align`` mode (states on block boundaries, prefix-cached)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from kvcore.block import KVBlock
-from kvcore.config import MambaSpec
-from kvcore.managers.base import SingleTypeManager, TakesNoHit
+from kvcore.block_pool import BlockPool
+from kvcore.blocks_math import ceil_div
+from kvcore.config import AttentionSpec, MambaSpec
+from kvcore.hashing import BlockHash, BlockHashWithGroup
+from kvcore.managers.base import HitBlocks, SingleTypeManager, TakesNoHit, block_hashes_at, hash_boundary_event
+from kvcore.request import Request
 
 
 class MambaManager(TakesNoHit, SingleTypeManager):
@@ -47,3 +52,164 @@ class MambaManager(TakesNoHit, SingleTypeManager):
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
         return super().allocate_new_blocks(request_id, self._with_speculative_blocks(num_tokens))
+
+
+class AlignedMambaManager(MambaManager):
+    """A Mamba group in vLLM's ``align`` cache mode: states on block boundaries, prefix-cached.
+
+    Table position ``p`` holds the state after ``(p + 1) * block_size``
+    tokens.  A step whose slots reach a new block gets exactly one new block,
+    at the position of its last slot; the positions it skips hold the null
+    block.  The block that held the state before the step (the *last state
+    block*, copied from) stays until a later step's computed tokens pass it,
+    and every block before the one holding the last computed token's state is
+    freed, null gaps and all.  Slots are counted for the main model only: a
+    drafter has no Mamba layers, so lookahead tokens get no state block.
+
+    Full blocks are cached under their prefix's hash, like attention blocks,
+    null positions skipped.  A hit needs only the state block at its end: the
+    search runs right to left from the longest candidate and stops at the
+    first cached state on the hit alignment, padding the positions before it
+    with the null block.  A request may not hit a state cached in the current
+    scheduler step (its state is not computed yet): admission then asks for
+    more blocks than the pool has (``num_blocks + 1``), until
+    :meth:`new_step_starts`.
+    """
+
+    counts_main_model_slots = True
+
+    def __init__(self, spec: MambaSpec, pool: BlockPool, group_id: int, enable_caching: bool) -> None:
+        super().__init__(spec, pool, group_id, enable_caching)
+        self.last_state_block: dict[str, int] = {}
+        """Per request: the table position of the state the latest allocation copies from."""
+        self.num_retired_blocks: dict[str, int] = {}
+        """Per request: leading table positions already freed (only null blocks there)."""
+        self.allocated_requests: set[str] = set()
+        """Requests that have had an allocation (not only a hit) since they were last freed."""
+        self.cached_this_step: set[BlockHashWithGroup] = set()
+        """Keys of states cached in the current scheduler step."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: BlockPool,
+        spec: AttentionSpec,
+        drop_last: bool = False,
+        alignment: int | None = None,
+    ) -> tuple[HitBlocks, int]:
+        """The latest cached state at most ``max_length`` tokens in whose end is on ``alignment``: that
+        block, after null blocks, in every group.  (A drafter has no Mamba layers: nothing is dropped.)"""
+        block_size = spec.block_size
+        alignment = alignment or block_size
+        hashes = block_hashes_at(block_hashes, pool.hash_block_size, block_size)
+        for position in range(min(max_length // block_size, len(hashes)) - 1, -1, -1):
+            cached = pool.get_cached_block(hashes[position], group_ids)
+            if cached is None or (position + 1) * block_size % alignment:
+                continue
+            return tuple([pool.null_block] * position + [block] for block in cached), (position + 1) * block_size
+        return tuple([] for _ in group_ids), 0
+
+    def num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """At most one new block (none when the slots fit the table), plus hit blocks sitting free; a
+        count below zero when the table already reaches past the slots (vLLM 0.33.0 sums it as it is)."""
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
+            return self.pool.num_blocks + 1
+        num_new_blocks = (
+            ceil_div(num_tokens, self.block_size)
+            - len(new_computed_blocks)
+            - len(self.req_to_blocks.get(request_id, ()))
+        )
+        if num_new_blocks > 0:
+            num_new_blocks = 1
+        num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
+        return num_new_blocks + num_evictable_hits
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
+        """Pad the table with null blocks up to the position of the last slot and put one new block there;
+        returns the padding and the new block."""
+        table = self.req_to_blocks.setdefault(request_id, [])
+        num_required = ceil_div(num_tokens, self.block_size)
+        if num_required <= len(table):
+            self.allocated_requests.add(request_id)
+            return []
+        num_before = len(table)
+        if request_id in self.allocated_requests or num_before > 0:
+            self.last_state_block[request_id] = num_before - 1
+        if num_before < num_required - 1:
+            table.extend([self.null_block] * (num_required - 1 - num_before))
+        new_blocks = self.pool.get_new_blocks(num_required - len(table))
+        added = table[num_before:] + new_blocks
+        table.extend(new_blocks)
+        self.allocated_requests.add(request_id)
+        return added
+
+    def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:
+        """Cache the full blocks' states, and remember their keys for this scheduler step.
+
+        The state at the prompt's last hash boundary a later request can hit
+        up to is entered again whenever ``num_tokens`` is that boundary and
+        its block lost its key (evicted while held): a request resuming the
+        prompt hits it there."""
+        request_id = request.request_id
+        num_cached = self.num_cached_blocks.get(request_id, 0)
+        super().cache_blocks(request, num_tokens, replay_boundaries)
+        table = self.req_to_blocks.get(request_id, [])
+        for block in table[num_cached : self.num_cached_blocks.get(request_id, 0)]:
+            if not block.is_null and block.block_hash is not None:
+                self.cached_this_step.add(block.block_hash)
+        hash_block_size = self.pool.hash_block_size or self.block_size
+        lookahead = max(1, request.num_hash_lookahead_tokens)
+        boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_block_size * hash_block_size)
+        position = ceil_div(num_tokens, self.block_size) - 1
+        if num_tokens != boundary or boundary == 0 or position >= len(table):
+            return
+        block = table[position]
+        if block.is_null or block.block_hash is not None:
+            return
+        num_hashes = boundary // hash_block_size
+        key = (request.block_hashes[num_hashes - 1], self.group_id)
+        if self.pool.cache_partial_block(block, key):
+            self.cached_this_step.add(key)
+            if self.pool.enable_kv_cache_events:
+                self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
+        """Free every live block before the one holding token ``num_computed_tokens - 1``'s state, null
+        gaps skipped over (last first), then the last state block once the computed tokens are past it."""
+        table = self.req_to_blocks.get(request_id)
+        if not table:
+            return
+        end = min(self.num_skipped_tokens(num_computed_tokens) // self.block_size, len(table))
+        first = self.num_retired_blocks.get(request_id, 0)
+        if first < end:
+            released = [table[p] for p in range(end - 1, first - 1, -1) if not table[p].is_null]
+            for position in range(first, end):
+                table[position] = self.null_block
+            self.pool.free_blocks(released)
+            self.num_retired_blocks[request_id] = end
+        last_state = self.last_state_block.get(request_id)
+        if last_state is not None and last_state < ceil_div(num_computed_tokens, self.block_size) - 1:
+            block = table[last_state]
+            if not block.is_null:
+                table[last_state] = self.null_block
+                self.pool.free_blocks([block])
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
+        self.allocated_requests.discard(request_id)
+        self.last_state_block.pop(request_id, None)
+        self.num_retired_blocks.pop(request_id, None)
+        return super().pop_blocks_for_free(request_id)
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins: states cached before it may be hit."""
+        self.cached_this_step.clear()

@@ -214,6 +214,22 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         assert len(check.sut.tables["a"][1]) == 4 and 0 not in check.sut.tables["a"][1]
         return block_freed(check, "a", 1, 1)
 
+    def padding_given_blocks() -> StepCheck:
+        config = TargetConfig(12, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+        check = checked_step(config, [AddRequest("a", tuple(range(9))), Schedule("a", 8, 0, 0)])
+        table = check.sut.tables["a"][1]
+        assert table[:3] == (0, 0, 0) and table[3] != 0
+        # Two positions before the state get blocks of their own, as an attention group's would.
+        first, second, *rest = check.sut.free_order
+        check = with_sut(
+            check,
+            free_order=tuple(rest),
+            free_order_backward=tuple(rest[::-1]),
+            num_free=len(rest),
+            ref_counts={**check.sut.ref_counts, first: 1, second: 1},
+        )
+        return table_of(check, "a", 1, (first, second, 0, table[3]))
+
     def hit_ending_inside_a_block() -> StepCheck:
         # Full attention in 4-token blocks beside a window in 2-token blocks: b's 8-token hit, reported
         # as 6 tokens, ends inside the block of tokens 5-8, which b's table keeps.
@@ -241,6 +257,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "cross_attention_holds_encoder_blocks": extra_encoder_block,
         "rswa_keeps_the_prompt": gap_inside_the_prompt,
         "mamba_keeps_a_state_tail": state_block_freed_inside,
+        "mamba_align_keeps_few_states": padding_given_blocks,
         "in_flight_blocks_held": in_flight_block_freed,
         "hit_block_never_written": hit_ending_inside_a_block,
         "admission_matches_model": spurious_refusal,
