@@ -887,6 +887,7 @@ def _imports(config: TargetConfig, uses: set[str]) -> str:
         "cross_attention": "CrossAttentionSpec",
         "mla": "MLAAttentionSpec",
         "mamba": "MambaSpec",
+        "mamba_align": "MambaSpec",
     }
     interface = sorted({specs[group.kind] for group in config.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
     request_names = ["Request"] + (["RequestStatus"] if "RequestStatus" in uses else [])
@@ -945,6 +946,11 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             '"""Groups holding a block per BLOCK_SIZES[group] positions (no ring buffer, no cross-attention)."""',
             f"SPECULATIVE_BLOCKS = {[group.speculative_blocks for group in config.groups]}",
             '"""Blocks a Mamba group reserves past its slots for draft states (0 for other groups)."""',
+            f"NUM_LOOKAHEAD_TOKENS = {config.num_lookahead_tokens}",
+            f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
+            '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
+            f"MAX_LIVE_STATES = {3 if config.async_scheduling else 2}",
+            '"""Live blocks an align-mode Mamba table holds at most (one more with a step in flight)."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
@@ -981,14 +987,14 @@ def _make_manager(config: TargetConfig) -> str:
             spec = call("CrossAttentionSpec", Atom("**layout"), **size)
         elif group.kind == "mla":
             spec = call("MLAAttentionSpec", Atom("**layout"), **size)
-        elif group.kind == "mamba":
+        elif group.kind in ("mamba", "mamba_align"):
             # One small state tensor: the allocator reads the block size, the mode and the speculative blocks.
             spec = call(
                 "MambaSpec",
                 shapes=value_node(((1,),)),
                 dtypes=Atom('(STR_DTYPE_TO_TORCH_DTYPE["float32"],)'),
                 block_size=value_node(config.spec_block_size(index)),
-                mamba_cache_mode=value_node("none"),
+                mamba_cache_mode=value_node("align" if group.kind == "mamba_align" else "none"),
                 num_speculative_blocks=value_node(group.speculative_blocks),
             )
         else:
@@ -1044,7 +1050,7 @@ def _make_manager(config: TargetConfig) -> str:
         f"{INDENT}# Once per process in vLLM's engine core, before any block is hashed.",
         f"{INDENT}init_none_hash(get_hash_fn_by_name({_quote(HASH_ALGORITHM)}))",
     ]
-    if any(group.kind != "mamba" for group in config.groups):  # a Mamba spec takes no attention layout
+    if any(group.kind not in ("mamba", "mamba_align") for group in config.groups):  # Mamba takes no layout
         lines += lay_out(layout_node, indent=4, prefix="layout = ")
     lines += lay_out(groups_node, indent=4, prefix="groups = ")
     retention: dict[str, Node] = {}
@@ -1217,11 +1223,12 @@ class Step:
         if isinstance(self.allocated, KVCacheBlocks):
             for request_id, num_slots in (slots or {}).items():
                 for group, blocks in enumerate(block_ids(manager.coordinator.get_blocks(request_id))):
-                    if group in SLOT_SIZED_GROUPS and len(blocks) * BLOCK_SIZES[group] < num_slots:
+                    positions = num_slots - NUM_LOOKAHEAD_TOKENS * (group in MAIN_MODEL_GROUPS)
+                    if group in SLOT_SIZED_GROUPS and len(blocks) * BLOCK_SIZES[group] < positions:
                         self.fail(
                             "scheduled_slots_have_blocks",
                             f"request {request_id} group {group} has {len(blocks)} blocks of "
-                            f"{BLOCK_SIZES[group]} tokens for {num_slots} scheduled positions",
+                            f"{BLOCK_SIZES[group]} tokens for {positions} scheduled positions",
                         )
         self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
@@ -1316,7 +1323,8 @@ class Step:
         """What ring-buffer, cross-attention, R-SWA and Mamba groups keep, needing no model: a ring holds one
         block and cross-attention the encoder's blocks (none null or cached); R-SWA keeps every prompt block
         and frees one run of blocks after them; Mamba ends in its state blocks (1 + its speculative blocks
-        at least), with null blocks only before them and none cached."""
+        at least), with null blocks only before them and none cached; align-mode Mamba ends in a live
+        block and holds at most MAX_LIVE_STATES."""
         sized = (
             ("ring_holds_one_block", "ring", 1),
             ("cross_attention_holds_encoder_blocks", "cross_attention", ENCODER_BLOCKS),
@@ -1366,6 +1374,16 @@ class Step:
                 if cached:
                     detail = f"request {request_id} group {group} (Mamba) has blocks in the prefix cache: {cached}"
                     self.fail("mamba_keeps_a_state_tail", detail)
+        for request_id, table in sorted(tables.items()):
+            for group, blocks in enumerate(table):
+                if GROUP_KINDS[group] != "mamba_align" or not blocks:
+                    continue
+                if not blocks[-1] or len([b for b in blocks if b]) > MAX_LIVE_STATES:
+                    detail = (
+                        f"request {request_id} group {group} (Mamba, align mode) must end in a live block and hold "
+                        f"at most {MAX_LIVE_STATES} live blocks, null blocks elsewhere"
+                    )
+                    self.fail("mamba_align_keeps_few_states", detail, f"at most {MAX_LIVE_STATES} live", blocks)
 
     def _check_in_flight(
         self,

@@ -32,8 +32,8 @@ from kvcore.managers import (
     RSWAManager,
     SlidingWindowManager,
 )
-from kvcore.managers.base import HitBlocks, SingleTypeManager, drop_last_block
-from kvcore.managers.mamba import MambaManager
+from kvcore.managers.base import HitBlocks, SingleTypeManager, block_hashes_at, drop_last_block
+from kvcore.managers.mamba import AlignedMambaManager, MambaManager
 
 # -- seed faults -------------------------------------------------------------
 
@@ -821,3 +821,93 @@ def plant_window_frees_by_rank_blocks(manager: kvcore.KVCacheManager) -> None:
                 return 0, group_manager.num_skipped_tokens(num_computed_tokens) // rank_block_size
 
             group_manager.released_block_range = released_in_rank_blocks  # type: ignore[method-assign]
+
+
+def first_run_state(
+    lookup: Callable[[int], Any], num_positions: int, block_size: int, alignment: int
+) -> tuple[int, Any] | None:
+    """An align-mode Mamba state search written like full attention's: left to right over the first
+    ``num_positions`` positions, ending at the first one ``lookup`` finds nothing cached at; the last
+    position found on ``alignment``, with what ``lookup`` returned there.  The state a hit needs is
+    only the one at its end, and the positions before a chunk's end hold no state at all, so this
+    misses every hit whose earlier states are not cached."""
+    found = None
+    for position in range(num_positions):
+        cached = lookup(position)
+        if cached is None:
+            break
+        if (position + 1) * block_size % alignment == 0:
+            found = (position, cached)
+    return found
+
+
+class _StateSearchStopsAtFirstMiss(AlignedMambaManager):
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        group_ids: Sequence[int],
+        pool: Any,
+        spec: Any,
+        drop_last: bool = False,
+        alignment: int | None = None,
+    ) -> tuple[HitBlocks, int]:
+        block_size = spec.block_size
+        hashes = block_hashes_at(block_hashes, pool.hash_block_size, block_size)
+        found = first_run_state(
+            lambda position: pool.get_cached_block(hashes[position], group_ids),
+            min(max_length // block_size, len(hashes)),
+            block_size,
+            alignment or block_size,
+        )
+        if found is None:
+            return tuple([] for _ in group_ids), 0
+        position, cached = found
+        return tuple([pool.null_block] * position + [block] for block in cached), (position + 1) * block_size
+
+
+def plant_mamba_state_search_stops_at_first_miss(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    for group_manager in coordinator.managers:
+        if isinstance(group_manager, AlignedMambaManager):
+            group_manager.__class__ = _StateSearchStopsAtFirstMiss
+    if isinstance(coordinator, HybridCoordinator):
+        coordinator.spec_groups = tuple(
+            attrs.evolve(spec_group, manager_class=_StateSearchStopsAtFirstMiss)
+            if spec_group.manager_class is AlignedMambaManager
+            else spec_group
+            for spec_group in coordinator.spec_groups
+        )
+
+
+def padding_counted(count: int, num_positions: int) -> int:
+    """An align-mode Mamba admission count that counts a block for every position up to the last slot
+    (``num_positions`` past the table and the hit), null padding included, where one block is taken."""
+    return count + max(0, num_positions - 1)
+
+
+def plant_mamba_align_counts_the_padding(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, AlignedMambaManager):
+            count_blocks = group_manager.num_blocks_to_allocate
+
+            def num_blocks_to_allocate(
+                request_id: str,
+                num_tokens: int,
+                new_computed_blocks: Sequence[KVBlock],
+                total_computed_tokens: int,
+                apply_admission_cap: bool = False,
+                group_manager: AlignedMambaManager = group_manager,
+                count_blocks: Callable[..., int] = count_blocks,
+            ) -> int:
+                count = count_blocks(
+                    request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
+                )
+                if count > group_manager.pool.num_blocks:
+                    return count  # a state cached this step: refused either way
+                table = group_manager.req_to_blocks.get(request_id, ())
+                num_positions = ceil_div(num_tokens, group_manager.block_size) - len(new_computed_blocks) - len(table)
+                return padding_counted(count, num_positions)
+
+            group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

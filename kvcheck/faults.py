@@ -250,6 +250,18 @@ FAULTS: dict[str, Fault] = {
             "not the manager's larger blocks: blocks still inside the window are freed",
             plants.plant_window_frees_by_rank_blocks,
         ),
+        Fault(
+            "mamba-state-search-stops-at-first-miss",
+            "an align-mode Mamba group looks its states up left to right, as full attention does, and stops at "
+            "the first one not cached: the positions before a chunk's end hold no state, so hits are missed",
+            plants.plant_mamba_state_search_stops_at_first_miss,
+        ),
+        Fault(
+            "mamba-align-counts-the-padding",
+            "admission counts an align-mode Mamba group a block for every position up to the last slot, null "
+            "padding included, where one block is taken: steps that fit are refused",
+            plants.plant_mamba_align_counts_the_padding,
+        ),
     )
 }
 

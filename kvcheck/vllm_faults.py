@@ -13,7 +13,9 @@ from kvcheck.fault_plants import (
     borrow_method,
     cacheable_counts_reprefillable_tokens,
     every_computed_token_skipped,
+    first_run_state,
     load_cached_before_it_lands,
+    padding_counted,
     popped_in_eviction_order,
     release_with_and_condition,
     rswa_gap_from_the_prompts_last_block,
@@ -436,6 +438,95 @@ def _shared_prefix_boundary_dropped(manager: Any) -> None:
     manager.get_computed_blocks = hit_without_shared_prefix
 
 
+def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
+    from vllm.v1.core.kv_cache_utils import resolve_block_hashes
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    class StateSearchStopsAtFirstMiss(MambaManager):
+        @classmethod
+        def find_longest_cache_hit(
+            cls,
+            block_hashes: Any,
+            max_length: int,
+            kv_cache_group_ids: list[int],
+            block_pool: Any,
+            kv_cache_spec: Any,
+            drop_eagle_block: bool,
+            alignment_tokens: int,
+            dcp_world_size: int = 1,
+            pcp_world_size: int = 1,
+        ) -> tuple[tuple[list[Any], ...], int]:
+            block_size = kv_cache_spec.block_size
+            hashes = resolve_block_hashes(
+                block_hashes,
+                block_pool.hash_block_size,
+                block_size,
+                supports_fine_grained_hash_lookup=True,
+                alignment_tokens=alignment_tokens,
+            )
+            found = first_run_state(
+                lambda position: block_pool.get_cached_block(hashes[position], kv_cache_group_ids),
+                min(max_length // block_size, len(hashes)),
+                block_size,
+                alignment_tokens,
+            )
+            if found is None:
+                return tuple([] for _ in kv_cache_group_ids), 0
+            position, cached = found
+            null = block_pool.null_block
+            return tuple([null] * position + [block] for block in cached), (position + 1) * block_size
+
+    coordinator = manager.coordinator
+    for group_manager in coordinator.single_type_managers:
+        if isinstance(group_manager, MambaManager) and group_manager.mamba_cache_mode == "align":
+            group_manager.__class__ = StateSearchStopsAtFirstMiss
+    groups = getattr(coordinator, "attention_groups", None)
+    if groups is not None:
+        coordinator.attention_groups = [
+            group._replace(manager_cls=StateSearchStopsAtFirstMiss) if group.manager_cls is MambaManager else group
+            for group in groups
+        ]
+
+
+def _mamba_align_counts_the_padding(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if not isinstance(group_manager, MambaManager) or group_manager.mamba_cache_mode != "align":
+            continue
+        count_blocks = group_manager.get_num_blocks_to_allocate
+
+        def get_num_blocks_to_allocate(
+            request_id: str,
+            num_tokens: int,
+            new_computed_blocks: Any,
+            total_computed_tokens: int,
+            num_local_computed_tokens: int,
+            num_tokens_main_model: int,
+            apply_admission_cap: bool = False,
+            prefill_end: int = 0,
+            group_manager: Any = group_manager,
+            count_blocks: Any = count_blocks,
+        ) -> int:
+            count = count_blocks(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap=apply_admission_cap,
+                prefill_end=prefill_end,
+            )
+            if count > group_manager.block_pool.num_gpu_blocks:
+                return count  # a state cached this step: refused either way
+            table = group_manager.req_to_blocks[request_id]
+            num_positions = -(-num_tokens_main_model // group_manager.block_size) - len(new_computed_blocks)
+            return padding_counted(count, num_positions - len(table))
+
+        group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -573,6 +664,18 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM SingleTypeKVCacheManager.remove_skipped_blocks dividing the skipped tokens by the spec's block "
             "size on one rank, not the manager's",
             _window_frees_by_rank_blocks,
+        ),
+        Fault(
+            "mamba-state-search-stops-at-first-miss",
+            "vLLM MambaManager.find_longest_cache_hit in the align mode scanning left to right and stopping at the "
+            "first state not cached",
+            _mamba_state_search_stops_at_first_miss,
+        ),
+        Fault(
+            "mamba-align-counts-the-padding",
+            "vLLM MambaManager.get_num_blocks_to_allocate in the align mode without its one-block cap: every "
+            "position up to the last slot counted, null padding included",
+            _mamba_align_counts_the_padding,
         ),
     )
 }

@@ -315,6 +315,26 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", (0, 1, 2, 3)), Schedule("r0", 4), Schedule("r0", 1)],
         "lifo_head_reuse_when_caching_off",
     ),
+    # An align-mode Mamba prefill of 8 tokens in 2-token blocks keeps one state, at position 3 (the
+    # positions before it are null, never cached): the resend hits 8 tokens there; a left-to-right
+    # search ends at position 0 and finds nothing.
+    "mamba-state-search-stops-at-first-miss": (
+        TargetConfig(12, 2, (GroupSpec("mamba_align"),), True),
+        [
+            AddRequest("r0", tuple(range(9))),
+            Schedule("r0", 8),
+            Finish("r0"),
+            AddRequest("r1", tuple(range(9))),
+            Schedule("r1", 9),
+        ],
+        "hit_is_sound_and_maximal",
+    ),
+    # The 8-token chunk takes one block (3 are free); counting the 3 null positions before it asks for 4.
+    "mamba-align-counts-the-padding": (
+        TargetConfig(4, 2, (GroupSpec("mamba_align"),), True),
+        [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
+        "admission_matches_model",
+    ),
 }
 
 

@@ -871,6 +871,34 @@ def test_drafter_and_async_fields_round_trip() -> None:
             r"config.groups\[0\].dcp_replicated",
             "a mamba group, whose state is never sharded",
         ),
+        (
+            {"groups": [{"kind": "mamba_align", "speculative_blocks": 1}]},
+            r"config.groups\[0\].speculative_blocks",
+            "speculative blocks in the align mode are not modelled, got 1",
+        ),
+        (
+            {"groups": [{"kind": "full", "block_size": 1}, {"kind": "mamba_align"}]},
+            "config.hash_block_size",
+            r"1 is below groups\[1\] mamba_align's block_size 2: .*fine-grained hits, not modelled",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "dcp_world_size": 2},
+            "config.dcp_world_size",
+            r"2 with prefix caching and groups\[1\] mamba_align",
+        ),
+        (
+            {
+                "groups": [{"kind": "full"}, {"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}],
+                "prefix_cache_retention_interval": 0,
+            },
+            "config.prefix_cache_retention_interval",
+            "sparse state retention is not modelled",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "use_eagle": True},
+            "config.use_eagle",
+            "prefill checkpoints beside a drafter are not modelled",
+        ),
     ],
 )
 def test_a_bad_drafter_or_async_field_is_refused_by_name(

@@ -19,6 +19,7 @@ from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.ops import AddRequest, Preempt, Schedule  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
+from tests.vllm.alike import run_alike  # noqa: E402
 
 FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
 MAMBA = GroupSpec("mamba", speculative_blocks=1)
@@ -76,8 +77,20 @@ def test_vllm_cannot_build_a_sink_full_attention_manager() -> None:
         TargetConfig(16, 2, (GroupSpec("mamba", speculative_blocks=2),), False, num_lookahead_tokens=2),
         TargetConfig(16, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, eagle_group_ids=(1,)),
         TargetConfig(24, 2, (GroupSpec("mla"), GroupSpec("sliding_window_mla", 3), FULL), True),
+        TargetConfig(16, 2, (FULL, GroupSpec("mamba_align")), True),
+        TargetConfig(16, 2, (GroupSpec("mamba_align"),), True, num_lookahead_tokens=2),
     ],
-    ids=["rswa", "ring", "cross_attention", "mamba", "mamba-speculative", "mla-with-a-drafter", "sliding-window-mla"],
+    ids=[
+        "rswa",
+        "ring",
+        "cross_attention",
+        "mamba",
+        "mamba-speculative",
+        "mla-with-a-drafter",
+        "sliding-window-mla",
+        "mamba-align",
+        "mamba-align-alone",
+    ],
 )
 def test_each_kind_runs_on_vllm_as_on_kvcore(config: TargetConfig) -> None:
     """A prefill, decode steps past the R-SWA window, a preemption and a resume with a hit: kvcore and
@@ -86,3 +99,32 @@ def test_each_kind_runs_on_vllm_as_on_kvcore(config: TargetConfig) -> None:
     ops = [AddRequest("r0", (1, 2, 3)), Schedule("r0", 3, 0, 7), *[Schedule("r0", 1, 0, 7)] * 5]
     for op in [*ops, Preempt("r0"), Schedule("r0", 8, 0, 7)]:
         lockstep.step(op)
+
+
+def test_align_mode_mamba_prefills_on_state_boundaries_and_hits_its_last_state_as_on_kvcore() -> None:
+    """Beside full attention in 2-token blocks: a 9-token prompt asked in one step is computed in
+    chunks ending on the last cacheable boundary (8 tokens, one state after three null blocks), then
+    its last token; a second request sharing 8 tokens hits them all, its Mamba table the cached state
+    after three null blocks.  A third request sharing only 4 tokens with them finds full attention's
+    blocks but no state at 4 (the chunk skipped it): no hit at all, and its first chunk stops at the
+    4-token block boundary below the shared prefix.  kvcore, vLLM and the model agree throughout."""
+    config = TargetConfig(16, 2, (FULL, GroupSpec("mamba_align")), True)
+    prompt = tuple(range(1, 10))
+    _, results = run_alike(
+        config,
+        [
+            AddRequest("a", prompt),
+            Schedule("a", 9, 0, 7),
+            Schedule("a", 9, 0, 7),
+            AddRequest("b", (*prompt[:8], 5, 5)),
+            Schedule("b", 10, 0, 7),
+            AddRequest("c", (*prompt[:4], 6, 6, 6)),
+            Schedule("c", 7, 0, 7),
+        ],
+    )
+    first_chunk, last_token, hit, miss = results[1], results[2], results[4], results[6]
+    assert first_chunk.num_slots == 8 and first_chunk.new_block_ids == ((1, 2, 3, 4), (0, 0, 0, 5))
+    assert last_token.num_slots == 9
+    assert hit.hit_length == 8 and hit.hit_block_ids == ((1, 2, 3, 4), (0, 0, 0, 5))
+    assert miss.hit_length == 0 and miss.num_slots == 4
+    assert miss.new_block_ids is not None and miss.new_block_ids[1][0] == 0 and len(miss.new_block_ids[1]) == 2

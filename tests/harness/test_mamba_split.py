@@ -1,0 +1,47 @@
+"""Prefill chunks beside an align-mode Mamba group end where states can exist: on block boundaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcheck.config import GroupSpec, TargetConfig
+from kvcheck.ops import Schedule, ScheduleAmounts, split_at_mamba_states
+
+CONFIG = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+
+
+def chunk(start: int, num_new_tokens: int, num_tokens: int = 10, junction: int = 0, prompt: int = 10) -> int:
+    """The new tokens of a step starting at ``start`` asking for ``num_new_tokens`` (already capped at
+    the request's tokens, as ``plan_schedule`` caps them)."""
+    op = Schedule("r", num_new_tokens)
+    new = min(num_new_tokens, num_tokens - start)
+    amounts = split_at_mamba_states(ScheduleAmounts(new, 0), op, start, num_tokens, prompt, junction, CONFIG)
+    return amounts.num_new_tokens
+
+
+@pytest.mark.parametrize(
+    ("start", "asked", "expected", "why"),
+    [
+        (0, 7, 4, "a chunk reaching a block boundary ends on it"),
+        (0, 3, 3, "a step's budget below a block advances inside the block"),
+        (3, 3, 1, "a chunk starting inside a block stops at the next boundary"),
+        (0, 20, 8, "a prefill reaching its end stops at the last boundary it can cache (below the last token)"),
+        (8, 20, 2, "past the last cacheable boundary the prefill ends"),
+    ],
+)
+def test_prefill_chunks_end_on_state_boundaries(start: int, asked: int, expected: int, why: str) -> None:
+    assert chunk(start, asked) == expected, why
+
+
+def test_a_chunk_stops_at_the_block_below_a_shared_prefix() -> None:
+    """A lookup found 6 tokens cached in one group past the hit: the chunk stops at the block boundary
+    below them (4), not at the last cacheable one (8)."""
+    assert chunk(0, 10, junction=6) == 4
+    assert chunk(4, 10, junction=6) == 4  # past the junction's block: on to the last cacheable boundary
+
+
+def test_decode_and_resumed_output_are_not_split() -> None:
+    """At the prompt's end a step decodes as asked; a resumed request replays its output tokens (all
+    but the last) as prefill, split like the prompt."""
+    assert chunk(10, 1, num_tokens=11) == 1
+    assert chunk(0, 20, num_tokens=14) == 12
