@@ -110,6 +110,7 @@ def main() -> None:
     print_block_sizes_cost(args)
     print_retention_cost(args)
     print_context_parallel_cost(args)
+    print_mamba_align_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -186,6 +187,22 @@ def print_context_parallel_cost(args: argparse.Namespace) -> None:
         drawn_share("dcp_share"),
         "a DCP world size of 2 or 4 in every run that takes one or in none",
         ("sharded", "one rank"),
+    )
+
+
+def print_mamba_align_cost(args: argparse.Namespace) -> None:
+    """Hybrid and pure Mamba layouts in every swarm run, with prefix caching (Mamba's align mode: null
+    padding, state hits, block-aligned prefill chunks), then without it (the none mode, the same draws
+    otherwise), checked and unchecked: what the align mode costs beside the none mode."""
+
+    def forced(drawn: ConfigDraw, align: bool) -> ConfigDraw:
+        def config(*args: Any, **kwargs: Any) -> TargetConfig:
+            return drawn(*args, **kwargs, layout="mamba", caching=align)
+
+        return config
+
+    print_on_off_cost(
+        args, forced, "Mamba layouts in every run, align mode (caching on) or none mode", ("align", "none")
     )
 
 

