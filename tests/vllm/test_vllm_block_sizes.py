@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 
 import pytest
 
@@ -18,12 +17,10 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
-from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
-from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
+from tests.vllm.parity import kvcore_refusal, vllm_refusal  # noqa: E402
 
 KINDS = ("full", "mla", "sliding_window", "chunked_local", "ring", "mamba")
 SIZES = (1, 2, 3, 4, 6, 8)
@@ -55,35 +52,15 @@ def _draw(seed: int) -> tuple[list[GroupSpec], int, int, bool, bool, int]:
     return groups, scheduler, hashing, caching, use_eagle, rng.choice([0, 0, 1, 3, 8])
 
 
-def _kvcore_accepts(groups: Sequence[GroupSpec], scheduler: int, hashing: int, **keywords: object) -> str | None:
-    """``None`` when kvcore builds the manager and looks a request up; else the refused field."""
-    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
-    try:
-        config = kvcore.KVCacheConfig(16, specs, scheduler_block_size=scheduler, hash_block_size=hashing, **keywords)
-        manager = kvcore.KVCacheManager(config)
-        manager.get_computed_blocks(kvcore.Request("r0", list(range(3 * scheduler + 1)), hashing))
-    except kvcore.InvalidConfig as refused:
-        return refused.field
-    return None
-
-
-def _vllm_accepts(groups: Sequence[GroupSpec], scheduler: int, hashing: int, **keywords: object) -> str | None:
-    """``None`` when vLLM builds the manager and looks a request up; else how it refused."""
-    try:
-        manager = make_manager(
-            groups,
-            16,
-            [group.block_size for group in groups],  # type: ignore[misc]
-            bool(keywords["enable_caching"]),
-            use_eagle=bool(keywords["use_eagle"]),
-            num_prefill_lookahead=int(keywords["num_prefill_lookahead"]),  # type: ignore[call-overload]
-            scheduler_block_size=scheduler,
-            hash_block_size=hashing,
-        )
-        manager.get_computed_blocks(make_request("r0", tuple(range(3 * scheduler + 1)), hashing))
-    except (AssertionError, ValueError, NotImplementedError) as refused:
-        return f"{type(refused).__name__}: {str(refused)[:120]}"
-    return None
+def _keywords(scheduler: int, hashing: int, caching: bool, use_eagle: bool, lookahead: int) -> dict[str, object]:
+    """The configuration's keywords, as kvcore's ``KVCacheConfig`` and kvcheck's ``make_manager`` name them."""
+    return {
+        "scheduler_block_size": scheduler,
+        "hash_block_size": hashing,
+        "enable_caching": caching,
+        "use_eagle": use_eagle,
+        "num_prefill_lookahead": lookahead,
+    }
 
 
 @pytest.mark.parametrize("seeds", [range(start, start + 100) for start in range(0, 800, 100)], ids=str)
@@ -93,14 +70,14 @@ def test_kvcore_and_vllm_accept_and_refuse_the_same_block_sizes(seeds: range) ->
     disagreements = []
     for seed in seeds:
         groups, scheduler, hashing, caching, use_eagle, lookahead = _draw(seed)
-        keywords = {"enable_caching": caching, "use_eagle": use_eagle, "num_prefill_lookahead": lookahead}
-        kvcore_says = _kvcore_accepts(groups, scheduler, hashing, **keywords)
-        vllm_says = _vllm_accepts(groups, scheduler, hashing, **keywords)
+        keywords = _keywords(scheduler, hashing, caching, use_eagle, lookahead)
+        kvcore_says = kvcore_refusal(groups, **keywords)
+        vllm_says, _ = vllm_refusal(groups, **keywords)
         if (kvcore_says is None) != (vllm_says is None):
             kinds = [group.describe() for group in groups]
             disagreements.append(
                 f"seed {seed}: {kinds} scheduler={scheduler} hash={hashing} {keywords}: "
-                f"kvcore refuses {kvcore_says!r}, vLLM {vllm_says!r}"
+                f"kvcore refuses {kvcore_says and kvcore_says.field!r}, vLLM {vllm_says!r}"
             )
     assert not disagreements, "\n".join(disagreements)
 
@@ -111,10 +88,9 @@ def test_the_parity_draws_cover_both_answers_and_every_refusal() -> None:
     accepted = 0
     for seed in range(800):
         groups, scheduler, hashing, caching, use_eagle, lookahead = _draw(seed)
-        keywords = {"enable_caching": caching, "use_eagle": use_eagle, "num_prefill_lookahead": lookahead}
-        field = _kvcore_accepts(groups, scheduler, hashing, **keywords)
-        accepted += field is None
-        fields.add(field)
+        refused = kvcore_refusal(groups, **_keywords(scheduler, hashing, caching, use_eagle, lookahead))
+        accepted += refused is None
+        fields.add(refused and refused.field)
     assert accepted >= 100
     assert {"scheduler_block_size", "hash_block_size", "num_prefill_lookahead", "enable_caching"} <= fields
     assert any(field and field.endswith("].block_size") for field in fields)

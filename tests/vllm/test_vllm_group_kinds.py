@@ -17,14 +17,13 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.ops import AddRequest, Preempt, Schedule  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
-from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
+from tests.vllm.parity import kvcore_refusal, vllm_refusal  # noqa: E402
 
 FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
 MAMBA = GroupSpec("mamba", speculative_blocks=1)
@@ -168,39 +167,6 @@ def _scheduler_block_size(groups: list[GroupSpec], keywords: dict[str, object]) 
     return math.lcm(*sizes)
 
 
-def _kvcore_refusal(groups: list[GroupSpec], hashing: int, keywords: dict[str, object]) -> str | None:
-    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
-    scheduler = _scheduler_block_size(groups, keywords)
-    try:
-        config = kvcore.KVCacheConfig(16, specs, scheduler_block_size=scheduler, hash_block_size=hashing, **keywords)
-        manager = kvcore.KVCacheManager(config)
-        manager.get_computed_blocks(kvcore.Request("r0", list(range(3 * scheduler + 1)), hashing))
-    except kvcore.InvalidConfig as refused:
-        return refused.describe()
-    return None
-
-
-def _vllm_refusal(groups: list[GroupSpec], hashing: int, keywords: dict[str, object]) -> str | bool:
-    """How vLLM refused, or whether the manager it built hits states inside a block (fine-grained)."""
-    scheduler = _scheduler_block_size(groups, keywords)
-    try:
-        manager = make_manager(
-            groups,
-            16,
-            [group.block_size for group in groups],  # type: ignore[misc]
-            bool(keywords["enable_caching"]),
-            use_eagle=bool(keywords["use_eagle"]),
-            scheduler_block_size=scheduler,
-            hash_block_size=hashing,
-            prefix_cache_retention_interval=keywords["prefix_cache_retention_interval"],  # type: ignore[arg-type]
-            dcp_world_size=int(keywords["dcp_world_size"]),  # type: ignore[call-overload]
-        )
-        manager.get_computed_blocks(make_request("r0", tuple(range(3 * scheduler + 1)), hashing))
-    except (AssertionError, ValueError, NotImplementedError) as refused:
-        return f"{type(refused).__name__}: {str(refused)[:120]}"
-    return bool(manager.coordinator.enable_partial_hash_hits)
-
-
 def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_says_what_it_does_not_implement() -> (
     None
 ):
@@ -212,18 +178,17 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
     wrong, accepted, not_implemented = [], 0, 0
     for seed in range(400):
         groups, hashing, keywords = _aligned_mamba_draw(seed)
-        kvcore_says = _kvcore_refusal(groups, hashing, keywords)
-        vllm_says = _vllm_refusal(groups, hashing, keywords)
+        keywords.update(scheduler_block_size=_scheduler_block_size(groups, keywords), hash_block_size=hashing)
+        kvcore_says = kvcore_refusal(groups, **keywords)
+        vllm_says, manager = vllm_refusal(groups, **keywords)
         accepted += kvcore_says is None
-        if isinstance(vllm_says, str) and kvcore_says is None:
+        if vllm_says is not None and kvcore_says is None:
             wrong.append(f"seed {seed}: vLLM refuses ({vllm_says}), kvcore accepts")
-        if vllm_says is True and kvcore_says is None:
+        if manager is not None and manager.coordinator.enable_partial_hash_hits and kvcore_says is None:
             wrong.append(f"seed {seed}: vLLM hits states inside a block, kvcore accepts")
-        if not isinstance(vllm_says, str) and kvcore_says is not None:
+        if vllm_says is None and kvcore_says is not None:
             not_implemented += 1
-            if NOT_IMPLEMENTED not in kvcore_says:
-                wrong.append(
-                    f"seed {seed}: vLLM runs it, kvcore refuses without saying it is unimplemented: {kvcore_says}"
-                )
+            if NOT_IMPLEMENTED not in kvcore_says.describe():
+                wrong.append(f"seed {seed}: vLLM runs it, kvcore refuses not saying it is unimplemented: {kvcore_says}")
     assert not wrong, "\n".join(wrong)
     assert accepted >= 50 and not_implemented >= 50
