@@ -325,17 +325,22 @@ class TargetConfig:
         return math.gcd(*(cacheable or self.block_sizes))
 
     @property
+    def has_aligned_mamba(self) -> bool:
+        """Whether a group is Mamba in vLLM's ``align`` mode."""
+        return any(group.kind == "mamba_align" for group in self.groups)
+
+    @property
     def loads_external_tokens(self) -> bool:
         """Whether steps take the external tokens operations ask for: not beside an align-mode Mamba group,
-        whose blocks for them vLLM 0.33.0's admission does not count (the pool runs dry inside
+        whose block for their state vLLM 0.33.0's admission does not count (the pool runs dry inside
         ``allocate_slots``; ``tests/vllm/test_known_defects.py``)."""
-        return not any(group.kind == "mamba_align" for group in self.groups)
+        return not self.has_aligned_mamba
 
     @property
     def runs_spec_decode(self) -> bool:
         """Whether speculative decode steps run: not beside an align-mode Mamba group, whose draft
         states need its speculative blocks (not modelled)."""
-        return self.loads_external_tokens
+        return not self.has_aligned_mamba
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:

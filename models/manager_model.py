@@ -128,7 +128,7 @@ class ManagerModel:
                     self.sparse_windows[group_id] = (periodic, needed, shift)
         self.tracks_shared_prefix = self.retention is not None and bool(self.sparse_windows)
         """Whether a request's shared prefix changes what is cached."""
-        self.aligned_mamba = any(group.kind == "mamba_align" for group in config.groups)
+        self.aligned_mamba = config.has_aligned_mamba
         self.records_shared_prefix = self.tracks_shared_prefix or self.aligned_mamba
         """Whether a request's shared prefix changes what is cached or where a prefill chunk ends (beside
         an align-mode Mamba group), and so is worth looking up."""

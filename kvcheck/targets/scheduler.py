@@ -57,7 +57,7 @@ class SchedulerDrivenTarget:
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
         self._block_sizes = config.block_sizes
-        self._aligned_mamba = any(group.kind == "mamba_align" for group in config.groups)
+        self._aligned_mamba = config.has_aligned_mamba
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()
         self.loading: set[str] = set()

@@ -33,12 +33,13 @@ def test_local_attention_lookups_index_past_hashes_that_look_two_tokens_ahead(gr
 
 
 def test_external_tokens_beside_an_align_mode_mamba_group_are_not_counted_at_admission() -> None:
-    """An align-mode Mamba group counts at most one new block at admission, but the blocks for a
-    connector's external tokens are allocated one per block of tokens: a 10-token request loading 8
-    external tokens in 2-token blocks is admitted by a pool of 7 blocks (6 free: 5 counted for full
-    attention, 1 for Mamba), then the external tokens alone take 4 blocks in each group and the pool
-    runs dry inside ``allocate_slots`` (ValueError).  kvcheck's
-    drivers load no external tokens beside an align-mode Mamba group (``TargetConfig.loads_external_tokens``)."""
+    """An align-mode Mamba group counts at most one new block at admission, but a connector's external
+    tokens get a block of their own (their last state, after null padding) before the step's new
+    block: a 10-token request loading 8 external tokens in 2-token blocks is admitted by a pool of 7
+    blocks (6 free: 5 counted for full attention, 1 for Mamba); full attention takes its 5, Mamba
+    the external tokens' block, and the pool is dry for Mamba's new block: ``get_new_blocks`` raises
+    ``ValueError`` inside ``allocate_slots``.  kvcheck's drivers load no external tokens beside an
+    align-mode Mamba group (``TargetConfig.loads_external_tokens``)."""
     manager = make_manager([GroupSpec("full"), GroupSpec("mamba_align")], 7, 2, True)
     request = make_request("a", list(range(10)), 2)
     with pytest.raises(ValueError, match="Cannot get"):
