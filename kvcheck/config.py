@@ -79,8 +79,10 @@ class GroupSpec:
     reaching a new block gets one there and null blocks before it, full
     blocks' states are prefix-cached and a hit needs only its last state).
 
-    ``speculative_blocks`` (``mamba`` only) is how many blocks past the
-    slots every allocation reserves for the states of draft tokens.
+    ``speculative_blocks`` (Mamba kinds only) is how many blocks past the
+    slots every allocation reserves for the states of draft tokens; in the
+    align mode they follow the last state, and a step whose new state
+    positions pass over them moves them to the table's end.
 
     ``block_size`` is the group's own block size, when it differs from the
     cache's (``None``: the cache's ``block_size``).
@@ -110,12 +112,10 @@ class GroupSpec:
         if self.dcp_replicated and self.kind in MAMBA_KINDS:
             raise ConfigError(f"{where}.dcp_replicated", f"true for a {self.kind} group, whose state is never sharded")
         field = f"{where}.speculative_blocks"
-        if self.kind == "mamba_align" and self.speculative_blocks != 0:
+        if self.kind not in MAMBA_KINDS and self.speculative_blocks != 0:
             raise ConfigError(
-                field, f"speculative blocks in the align mode are not modelled, got {shown(self.speculative_blocks)}"
+                field, f"only a mamba or mamba_align group has speculative blocks, got {shown(self.speculative_blocks)}"
             )
-        if self.kind != "mamba" and self.speculative_blocks != 0:
-            raise ConfigError(field, f"only a mamba group has speculative blocks, got {shown(self.speculative_blocks)}")
         if not is_int(self.speculative_blocks) or not 0 <= self.speculative_blocks <= MAX_SPECULATIVE_BLOCKS:
             raise ConfigError(
                 field, f"must be an integer from 0 to {MAX_SPECULATIVE_BLOCKS}, got {shown(self.speculative_blocks)}"
@@ -506,7 +506,7 @@ class TargetConfig:
             if self.use_eagle:
                 raise ConfigError(
                     "use_eagle",
-                    f"true with groups[{index}] mamba_align: its prefill checkpoints beside a drafter are not modelled",
+                    f"true with groups[{index}] mamba_align: an EAGLE drafter's drop beside it is not modelled",
                 )
 
     def _validate_context_parallel(self) -> None:

@@ -181,8 +181,8 @@ def random_config(
         # Served with prefix caching and its MTP drafter, which drops a block from the drafter group's hits.
         enable_caching = True
     if layout == "mamba" and enable_caching:
-        # Prefix caching of Mamba states: vLLM's align mode (no speculative blocks, not modelled there).
-        groups = tuple(GroupSpec("mamba_align") if group.kind == "mamba" else group for group in groups)
+        # Prefix caching of Mamba states: vLLM's align mode, with the same speculative blocks.
+        groups = tuple(attrs.evolve(group, kind="mamba_align") if group.kind == "mamba" else group for group in groups)
     if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):

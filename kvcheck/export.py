@@ -950,7 +950,8 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
             '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
             f"MAX_LIVE_STATES = {3 if config.async_scheduling else 2}",
-            '"""Live blocks an align-mode Mamba table holds at most (one more with a step in flight)."""',
+            '"""Live states an align-mode Mamba table holds at most (one more with a step in flight), besides its '
+            'speculative blocks."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
@@ -1378,12 +1379,13 @@ class Step:
             for group, blocks in enumerate(table):
                 if GROUP_KINDS[group] != "mamba_align" or not blocks:
                     continue
-                if not blocks[-1] or len([b for b in blocks if b]) > MAX_LIVE_STATES:
+                limit = MAX_LIVE_STATES + SPECULATIVE_BLOCKS[group]
+                if not blocks[-1] or len([b for b in blocks if b]) > limit:
                     detail = (
                         f"request {request_id} group {group} (Mamba, align mode) must end in a live block and hold "
-                        f"at most {MAX_LIVE_STATES} live blocks, null blocks elsewhere"
+                        f"at most {limit} live blocks, null blocks elsewhere"
                     )
-                    self.fail("mamba_align_keeps_few_states", detail, f"at most {MAX_LIVE_STATES} live", blocks)
+                    self.fail("mamba_align_keeps_few_states", detail, f"at most {limit} live", blocks)
 
     def _check_in_flight(
         self,

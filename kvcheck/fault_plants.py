@@ -911,3 +911,34 @@ def plant_mamba_align_counts_the_padding(manager: kvcore.KVCacheManager) -> None
                 return padding_counted(count, num_positions)
 
             group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+
+
+def counted_as_allocated(allocated: set[str], request_id: str, count: Callable[[], int]) -> int:
+    """An align-mode Mamba admission count taken as if the request had had an allocation already (in
+    ``allocated``): a request's first allocation is capped at one new block, its speculative blocks
+    left out, while the allocation takes them."""
+    first = request_id not in allocated
+    allocated.add(request_id)
+    try:
+        return count()
+    finally:
+        if first:
+            allocated.discard(request_id)
+
+
+def plant_mamba_align_speculative_blocks_not_counted(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        if isinstance(group_manager, AlignedMambaManager):
+            count_blocks = group_manager.num_blocks_to_allocate
+
+            def num_blocks_to_allocate(
+                request_id: str,
+                *args: Any,
+                group_manager: AlignedMambaManager = group_manager,
+                count_blocks: Callable[..., int] = count_blocks,
+            ) -> int:
+                return counted_as_allocated(
+                    group_manager.allocated_requests, request_id, lambda: count_blocks(request_id, *args)
+                )
+
+            group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

@@ -262,6 +262,12 @@ FAULTS: dict[str, Fault] = {
             "padding included, where one block is taken: steps that fit are refused",
             plants.plant_mamba_align_counts_the_padding,
         ),
+        Fault(
+            "mamba-align-speculative-blocks-not-counted",
+            "admission caps an align-mode Mamba group's new blocks at one on a request's first allocation too, as "
+            "for a request that allocated before: its speculative blocks are left out while the allocation takes them",
+            plants.plant_mamba_align_speculative_blocks_not_counted,
+        ),
     )
 }
 

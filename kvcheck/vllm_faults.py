@@ -12,6 +12,7 @@ from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
     borrow_method,
     cacheable_counts_reprefillable_tokens,
+    counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
     load_cached_before_it_lands,
@@ -527,6 +528,28 @@ def _mamba_align_counts_the_padding(manager: Any) -> None:
         group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
 
+def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    for group_manager in manager.coordinator.single_type_managers:
+        if not isinstance(group_manager, MambaManager) or group_manager.mamba_cache_mode != "align":
+            continue
+        count_blocks = group_manager.get_num_blocks_to_allocate
+
+        def get_num_blocks_to_allocate(
+            request_id: str,
+            *args: Any,
+            group_manager: Any = group_manager,
+            count_blocks: Any = count_blocks,
+            **kwargs: Any,
+        ) -> int:
+            return counted_as_allocated(
+                group_manager._allocated_block_reqs, request_id, lambda: count_blocks(request_id, *args, **kwargs)
+            )
+
+        group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -676,6 +699,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM MambaManager.get_num_blocks_to_allocate in the align mode without its one-block cap: every "
             "position up to the last slot counted, null padding included",
             _mamba_align_counts_the_padding,
+        ),
+        Fault(
+            "mamba-align-speculative-blocks-not-counted",
+            "vLLM MambaManager.get_num_blocks_to_allocate in the align mode capping a request's first allocation "
+            "at one block, as if it were in _allocated_block_reqs",
+            _mamba_align_speculative_blocks_not_counted,
         ),
     )
 }

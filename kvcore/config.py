@@ -151,10 +151,13 @@ class MambaSpec:
     ends prefill chunks on block boundaries, and a step that reaches a new
     block gets one new block there, the positions it skips padded with the
     null block.  The block the step copies its state from stays until the
-    next step; every earlier one is freed.  A full block's state is cached
-    under the hash of its prefix, and a hit needs only the state block at
-    its end (found by searching right to left).  kvcore implements the
-    align mode without speculative blocks (see :class:`KVCacheConfig`).
+    next step; every earlier one is freed.  ``num_speculative_blocks``
+    blocks follow the last state (taken on a request's first allocation);
+    a step whose new state positions pass over them moves them, whole, to
+    the table's end.  A full block's state is cached under the hash of its
+    prefix, and a hit needs only the state block at its end (found by
+    searching right to left).  What kvcore does not implement of the mode
+    is listed in :class:`KVCacheConfig`.
     """
 
     block_size: int = attrs.field(validator=_positive_int)
@@ -286,9 +289,10 @@ class KVCacheConfig:
     no prefix cache, so they need caching off; with caching on, a hybrid
     cache needs a group that is not a ring buffer.  Beside an ``align``-mode
     Mamba group kvcore does not implement (and refuses by field, saying so)
-    speculative blocks, fine-grained state hits (a hash block size below the
-    Mamba block size, or decode context parallelism with prefix caching), a
-    retention interval, or an EAGLE drafter.
+    fine-grained state hits (a hash block size below the Mamba block size,
+    or decode context parallelism with prefix caching), a retention
+    interval, or an EAGLE drafter (whose drop vLLM's hybrid lookup gives a
+    Mamba group no margin for).
     The block sizes vLLM 0.33.0's manager refuses are refused by field.
     """
 
@@ -376,12 +380,6 @@ class KVCacheConfig:
         for index, spec in enumerate(self.groups):
             if not isinstance(spec, MambaSpec) or not spec.aligned:
                 continue
-            if spec.num_speculative_blocks:
-                raise InvalidConfig(
-                    f"groups[{index}].num_speculative_blocks",
-                    spec.num_speculative_blocks,
-                    "kvcore does not implement speculative blocks in the Mamba align mode (use 0)",
-                )
             if not self.enable_caching:
                 continue
             if self.dcp_world_size > 1:
@@ -409,8 +407,8 @@ class KVCacheConfig:
                 raise InvalidConfig(
                     "use_eagle",
                     True,
-                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement its prefill "
-                    "checkpoints beside an EAGLE drafter",
+                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement an EAGLE drafter's "
+                    "drop beside it (vLLM's hybrid lookup gives a Mamba group no drop margin)",
                 )
 
     def _check_group_ids(self, name: str, group_ids: tuple[int, ...]) -> None:

@@ -431,19 +431,20 @@ def mamba_keeps_a_state_tail(check: StepCheck) -> None:
 
 
 def mamba_align_keeps_few_states(check: StepCheck) -> None:
-    """A request holding blocks in an align-mode Mamba group holds its newest state in the table's
-    last position, and at most two live blocks there (the state a step copies from and the one it
-    writes), three under async scheduling (a step in flight keeps the state it started from); every
-    other position holds the null block.
+    """A request holding blocks in an align-mode Mamba group holds a live block in the table's last
+    position, and at most two live blocks (the state a step copies from and the one it writes), one
+    more under async scheduling (a step in flight keeps the state it started from), and its
+    speculative blocks; every other position holds the null block.
 
     Guards: null padding off by one (the new state not at the last slot's
     block); positions between states given real blocks, as an attention
     group's are; states behind the processed tokens never freed (the
     target's own state, checked without the model)."""
-    limit = 3 if check.config.async_scheduling else 2
+    in_flight = 1 if check.config.async_scheduling else 0
     for rid, group_id, table in _tables_of_kind(check, "mamba_align"):
         if not table:
             continue
+        limit = 2 + in_flight + check.config.groups[group_id].speculative_blocks
         live = [b for b in table if b != 0]
         if table[-1] == 0 or len(live) > limit:
             _fail(

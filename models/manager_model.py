@@ -133,6 +133,9 @@ class ManagerModel:
         """Whether a request's shared prefix changes what is cached or where a prefill chunk ends (beside
         an align-mode Mamba group), and so is worth looking up."""
         self._num_deferred = 0
+        self.mamba_allocated: set[tuple[str, int]] = set()
+        """The (request, align-mode Mamba group) pairs that have had an allocation since the request was
+        last freed: their next allocations take no speculative blocks and move them instead."""
 
     # -- reading --------------------------------------------------------------
 
@@ -499,8 +502,9 @@ class ManagerModel:
             if group.kind == "mamba_align":
                 hit = hit_ids[group_id] if waiting else ()
                 taken += sum(1 for b in hit if b in self.pool.free_order)
-                wanted = ceil_div(num_tokens if main is None else main, self.block_sizes[group_id])
-                taken += min(1, wanted - len(hit) - len(self.table(rid, group_id)))
+                wanted = self._slot_blocks(rid, group_id, num_tokens if main is None else main)
+                most = 1 if (rid, group_id) in self.mamba_allocated else 1 + group.speculative_blocks
+                taken += min(most, wanted - len(hit) - len(self.table(rid, group_id)))
                 continue
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
@@ -581,16 +585,33 @@ class ManagerModel:
             if loaded and self.groups[group_id].kind != "ring"
             else self._slot_blocks(rid, group_id, num_tokens)
         )
-        if self.groups[group_id].kind == "mamba_align" and not loaded and wanted > len(table):
-            # The state goes to the block of the last slot; the positions skipped hold the null block.
-            padding = [NULL] * max(0, wanted - 1 - len(table))
-            table.extend(padding)
-            added = padding + self.pool.take_free(wanted - len(table))
-            table.extend(added[len(padding) :])
-            return added
+        if self.groups[group_id].kind == "mamba_align" and not loaded:
+            return self._grow_states(rid, group_id, wanted)
         added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
         return added
+
+    def _grow_states(self, rid: str, group_id: int, wanted: int) -> list[int]:
+        """An align-mode Mamba table grown to ``wanted`` blocks: null blocks up to the last slot's position,
+        where the new state goes; the speculative blocks after the last state that those positions pass
+        over (once the request has had an allocation) moved, whole, to the table's end; new blocks up to
+        ``wanted``.  The padding, the moved blocks and the new ones."""
+        table = self.table(rid, group_id)
+        key = (rid, group_id)
+        if wanted <= len(table):
+            self.mamba_allocated.add(key)
+            return []
+        before = len(table)
+        speculative = self.groups[group_id].speculative_blocks
+        last_state = wanted - speculative - 1
+        table.extend([NULL] * max(0, last_state - before))
+        if key in self.mamba_allocated:
+            for position in range(before - speculative, min(before, last_state)):
+                table.append(table[position])
+                table[position] = NULL
+        table.extend(self.pool.take_free(max(0, wanted - len(table))))
+        self.mamba_allocated.add(key)
+        return table[before:]
 
     def _release_skipped(self, rid: str, group_id: int, total_computed: int) -> None:
         table = self.pool.holders.get((rid, group_id))
@@ -801,6 +822,7 @@ class ManagerModel:
             for group_id in range(len(self.groups)):
                 table = self.pool.holders.pop((rid, group_id), [])
                 self.num_cached.pop((rid, group_id), None)
+                self.mamba_allocated.discard((rid, group_id))
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
             if popped:
@@ -816,6 +838,7 @@ class ManagerModel:
         for group_id in range(len(self.groups)):
             table = self.pool.holders.pop((rid, group_id), [])
             self.num_cached.pop((rid, group_id), None)
+            self.mamba_allocated.discard((rid, group_id))
             self.pool.release(reversed(table))
 
     def _preempt(self, rid: str) -> None:

@@ -55,6 +55,7 @@ SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a rete
 CONTEXT_PARALLEL_HIT = "prefix hit on blocks sharded over decode context parallel ranks"
 MAMBA_ALIGN_HIT = "prefix hit on an align-mode Mamba state"
 MAMBA_ALIGN_PADDED = "align-mode Mamba step padded null blocks before its new state"
+MAMBA_ALIGN_RELOCATED = "align-mode Mamba step moved a speculative block to the table's end"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -87,6 +88,7 @@ ALL_LABELS = (
     CONTEXT_PARALLEL_HIT,
     MAMBA_ALIGN_HIT,
     MAMBA_ALIGN_PADDED,
+    MAMBA_ALIGN_RELOCATED,
 )
 
 
@@ -294,8 +296,11 @@ def step_labels(
         if result.hit_length:
             labels.append(MAMBA_ALIGN_HIT)
         new_ids = result.new_block_ids or ()
-        if any(0 in new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"):
+        aligned = [new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"]
+        if any(0 in ids for ids in aligned):
             labels.append(MAMBA_ALIGN_PADDED)
+        if any(set(ids) & before.held_by_request for ids in aligned):
+            labels.append(MAMBA_ALIGN_RELOCATED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

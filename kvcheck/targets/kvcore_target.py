@@ -21,7 +21,7 @@ def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
     if group.kind == "mamba":
         return kvcore.MambaSpec(block_size, group.speculative_blocks)
     if group.kind == "mamba_align":
-        return kvcore.MambaSpec(block_size, cache_mode="align")
+        return kvcore.MambaSpec(block_size, group.speculative_blocks, cache_mode="align")
     if group.kind == "ring":
         return kvcore.CircularBufferSpec(block_size)
     if group.kind == "cross_attention":

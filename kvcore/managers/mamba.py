@@ -120,34 +120,58 @@ class AlignedMambaManager(MambaManager):
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
     ) -> int:
-        """At most one new block (none when the slots fit the table), plus hit blocks sitting free; a
-        count below zero when the table already reaches past the slots (vLLM 0.33.0 sums it as it is)."""
+        """At most one new block (and the speculative blocks, on a request's first allocation; none when
+        the slots fit the table), plus hit blocks sitting free; a count below zero when the table already
+        reaches past the slots (vLLM 0.33.0 sums it as it is)."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.pool.num_blocks + 1
         num_new_blocks = (
-            ceil_div(num_tokens, self.block_size)
+            self._num_required_blocks(num_tokens)
             - len(new_computed_blocks)
             - len(self.req_to_blocks.get(request_id, ()))
         )
         if num_new_blocks > 0:
-            num_new_blocks = 1
+            num_new_blocks = min(num_new_blocks, self._most_new_blocks(request_id))
         num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
         return num_new_blocks + num_evictable_hits
 
+    def _num_required_blocks(self, num_tokens: int) -> int:
+        """The table length for ``num_tokens`` main-model slots: a state per block, then the speculative
+        blocks."""
+        return ceil_div(num_tokens, self.block_size) + self.spec.num_speculative_blocks
+
+    def _most_new_blocks(self, request_id: str) -> int:
+        """The new blocks one allocation takes at most: one state, and on a request's first allocation
+        its speculative blocks."""
+        return 1 if request_id in self.allocated_requests else 1 + self.spec.num_speculative_blocks
+
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
-        """Pad the table with null blocks up to the position of the last slot and put one new block there;
-        returns the padding and the new block."""
+        """Pad the table with null blocks up to the position of the last slot, move the speculative blocks
+        that now fall at or before it to the table's end, and take new blocks up to the table length;
+        returns the padding, the moved blocks and the new ones."""
         table = self.req_to_blocks.setdefault(request_id, [])
-        num_required = ceil_div(num_tokens, self.block_size)
+        num_speculative = self.spec.num_speculative_blocks
+        num_required = self._num_required_blocks(num_tokens)
         if num_required <= len(table):
             self.allocated_requests.add(request_id)
             return []
         num_before = len(table)
-        if request_id in self.allocated_requests or num_before > 0:
+        allocated = request_id in self.allocated_requests
+        if allocated:
+            self.last_state_block[request_id] = num_before - 1 - num_speculative
+        elif num_before > 0:
             self.last_state_block[request_id] = num_before - 1
-        if num_before < num_required - 1:
-            table.extend([self.null_block] * (num_required - 1 - num_before))
-        new_blocks = self.pool.get_new_blocks(num_required - len(table))
+        num_skipped = num_required - num_speculative - 1
+        if num_before < num_skipped:
+            table.extend([self.null_block] * (num_skipped - num_before))
+        if allocated:
+            # Speculative blocks the new state positions pass over move to the table's end, whole.
+            for position in range(num_before - num_speculative, num_before):
+                if position >= num_skipped:
+                    break
+                table.append(table[position])
+                table[position] = self.null_block
+        new_blocks = self.pool.get_new_blocks(max(num_required - len(table), 0))
         added = table[num_before:] + new_blocks
         table.extend(new_blocks)
         self.allocated_requests.add(request_id)

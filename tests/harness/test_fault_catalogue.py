@@ -335,6 +335,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
         "admission_matches_model",
     ),
+    # The 8-token chunk takes its state and 2 speculative blocks, 3 blocks where 2 are free: counted as
+    # one block, it is admitted and the allocation runs dry.
+    "mamba-align-speculative-blocks-not-counted": (
+        TargetConfig(3, 2, (GroupSpec("mamba_align", speculative_blocks=2),), True),
+        [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
+        "target_raised",
+    ),
 }
 
 

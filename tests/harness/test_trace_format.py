@@ -807,7 +807,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
         (
             {"groups": [{"kind": "full", "speculative_blocks": 1}]},
             r"config.groups\[0\].speculative_blocks",
-            "only a mamba group has speculative blocks, got 1",
+            "only a mamba or mamba_align group has speculative blocks, got 1",
         ),
         ({"groups": [{"kind": "mla", "window": 4}]}, r"config.groups\[0\].window", "a mla group has no window"),
         ({"groups": [{"kind": "full", "block_size": 0}]}, r"config.groups\[0\].block_size", ">= 1, got 0"),
@@ -872,11 +872,6 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "a mamba group, whose state is never sharded",
         ),
         (
-            {"groups": [{"kind": "mamba_align", "speculative_blocks": 1}]},
-            r"config.groups\[0\].speculative_blocks",
-            "speculative blocks in the align mode are not modelled, got 1",
-        ),
-        (
             {"groups": [{"kind": "full", "block_size": 1}, {"kind": "mamba_align"}]},
             "config.hash_block_size",
             r"1 is below groups\[1\] mamba_align's block_size 2: .*fine-grained hits, not modelled",
@@ -897,7 +892,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
         (
             {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "use_eagle": True},
             "config.use_eagle",
-            "prefill checkpoints beside a drafter are not modelled",
+            "an EAGLE drafter's drop beside it is not modelled",
         ),
     ],
 )

@@ -162,10 +162,43 @@ def test_a_pure_mamba_model_hits_its_last_state() -> None:
     assert manager.get_block_ids("b") == ([0, 0, 0, 2, 3],)
 
 
+def test_speculative_blocks_follow_the_last_state_and_move_to_the_end_when_passed() -> None:
+    """With 2 speculative blocks: the first 4-token chunk takes its state and both; the next 8-token
+    chunk's state position (5) passes them, so they move, whole, to the table's end (block 4 becomes
+    the new state's block) and one new block follows.  A resend hits the 12-token state."""
+    manager = make_manager(FullAttentionSpec(BLOCK_SIZE), MambaSpec(BLOCK_SIZE, 2, cache_mode="align"), num_blocks=24)
+    request = Request("a", list(range(13)), BLOCK_SIZE)
+    assert step(manager, request, 4) == 0
+    assert manager.get_block_ids("a") == ([1, 2], [0, 3, 4, 5])
+    assert step(manager, request, 8) == 0
+    assert manager.get_block_ids("a") == ([1, 2, 6, 7, 8, 9], [0, 3, 0, 0, 0, 4, 5, 10])
+    assert step(manager, request, 1) == 0
+    assert manager.get_block_ids("a") == ([1, 2, 6, 7, 8, 9, 11], [0, 0, 0, 0, 0, 4, 5, 10, 12])
+    manager.check_invariants()
+    manager.free(request)
+    resend = Request("b", list(range(13)), BLOCK_SIZE)
+    assert step(manager, resend) == 12
+    assert manager.get_block_ids("b")[1][:6] == [0, 0, 0, 0, 0, 4]
+
+
+def test_speculative_blocks_count_on_a_requests_first_allocation_only() -> None:
+    """With 1 speculative block, an 8-token chunk takes 4 full-attention blocks and 2 for Mamba (its
+    state and the speculative block): 6 of 8, leaving 2.  A second request's chunk, counted alike, is
+    refused; the first request's next step, which needs a full-attention block and one state (the
+    speculative block counted no more), takes the last 2."""
+    manager = make_manager(FullAttentionSpec(BLOCK_SIZE), MambaSpec(BLOCK_SIZE, 1, cache_mode="align"), num_blocks=9)
+    first = Request("a", list(range(9)), BLOCK_SIZE)
+    assert step(manager, first, 8) == 0
+    assert manager.get_block_ids("a") == ([1, 2, 3, 4], [0, 0, 0, 5, 6])
+    assert step(manager, Request("b", list(range(20, 29)), BLOCK_SIZE), 8) is None
+    assert step(manager, first, 1) == 0
+    assert manager.get_block_ids("a") == ([1, 2, 3, 4, 7], [0, 0, 0, 5, 6, 8])
+    assert manager.block_pool.num_free_blocks == 0
+
+
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        (lambda: KVCacheConfig(8, [MambaSpec(2, 1, cache_mode="align")]), "groups[0].num_speculative_blocks"),
         (lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], dcp_world_size=2), "dcp_world_size"),
         (lambda: KVCacheConfig(8, [FullAttentionSpec(1), ALIGNED]), "hash_block_size"),
         (

@@ -173,7 +173,7 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
     """Over 400 drawn configurations with an align-mode Mamba group: every one vLLM 0.33.0 refuses,
     kvcore refuses too; every one kvcore accepts, vLLM runs without fine-grained (sub-block) hits;
     every one kvcore refuses that vLLM runs, kvcore refuses saying it does not implement it
-    (speculative blocks, fine-grained hits, sparse retention, an EAGLE drafter); and the drawn set
+    (fine-grained hits, sparse retention, an EAGLE drafter); and the drawn set
     holds accepted configurations and both kinds of refusal."""
     wrong, accepted, not_implemented = [], 0, 0
     for seed in range(400):
