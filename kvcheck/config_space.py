@@ -38,7 +38,7 @@ Half the configurations with caching and a sliding window set a retention
 interval (vLLM's sparse checkpoints): the window then caches only what hits
 at the interval's ends, the prompt's replay boundaries and shared prefixes'
 ends need.
-One draw in four shards its attention groups over 2 or 4 decode context
+Three draws in ten shard their attention groups over 2 or 4 decode context
 parallel ranks (a block then holds that many times its tokens), leaving the
 drafter's groups whole in half of those (a draft model running at DCP 1);
 with prefix caching, only where every sharded group is full attention, as
@@ -152,7 +152,7 @@ def random_config(
     layout: str | None = None,
     block_sizes_share: float = 1 / 3,
     retention_share: float = 1 / 2,
-    dcp_share: float = 1 / 4,
+    dcp_share: float = 0.3,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.

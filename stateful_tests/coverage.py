@@ -55,7 +55,6 @@ SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a rete
 CONTEXT_PARALLEL_HIT = "prefix hit on blocks sharded over decode context parallel ranks"
 MAMBA_ALIGN_HIT = "prefix hit on an align-mode Mamba state"
 MAMBA_ALIGN_PADDED = "align-mode Mamba step padded null blocks before its new state"
-MAMBA_ALIGN_RELOCATED = "align-mode Mamba step moved a speculative block to the table's end"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -88,7 +87,6 @@ ALL_LABELS = (
     CONTEXT_PARALLEL_HIT,
     MAMBA_ALIGN_HIT,
     MAMBA_ALIGN_PADDED,
-    MAMBA_ALIGN_RELOCATED,
 )
 
 
@@ -196,9 +194,24 @@ def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
     return _fits_under(model, refused, attrs.evolve(model.config, num_lookahead_tokens=0))
 
 
-def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation) -> bool:
-    """Whether a refused step is admitted when no Mamba group reserves speculative blocks."""
-    groups = tuple(attrs.evolve(group, speculative_blocks=0) for group in model.config.groups)
+def _speculative_groups(model: ManagerModel, refused: Operation) -> list[int]:
+    """The Mamba groups whose speculative blocks a refused step counts: every ``none``-mode group's, and an
+    align-mode group's on the request's first allocation only (a waiting request's)."""
+    request = model.requests.get(getattr(refused, "request_id", ""))
+    first_allocation = request is not None and request.waiting
+    return [
+        group_id
+        for group_id, group in enumerate(model.groups)
+        if group.speculative_blocks and (group.kind == "mamba" or (group.kind == "mamba_align" and first_allocation))
+    ]
+
+
+def _fits_without_speculative_blocks(model: ManagerModel, refused: Operation, group_ids: list[int]) -> bool:
+    """Whether a refused step is admitted when the Mamba groups ``group_ids`` reserve no speculative blocks."""
+    groups = tuple(
+        attrs.evolve(group, speculative_blocks=0) if group_id in group_ids else group
+        for group_id, group in enumerate(model.config.groups)
+    )
     return _fits_under(model, refused, attrs.evolve(model.config, groups=groups))
 
 
@@ -273,11 +286,8 @@ def step_labels(
         labels.append(RSWA_GAP_FREED)
     if _nulls(model, op, "mamba") > before.mamba_nulls:
         labels.append(MAMBA_STATE_FREED)
-    if (
-        result.admitted is False
-        and any(group.speculative_blocks for group in model.groups)
-        and _fits_without_speculative_blocks(model, op)
-    ):
+    speculative = _speculative_groups(model, op) if result.admitted is False else []
+    if speculative and _fits_without_speculative_blocks(model, op, speculative):
         labels.append(MAMBA_SPECULATIVE_REFUSED)
     if isinstance(op, Schedule) and result.hit_length and {"mla", "full"} <= {g.kind for g in model.groups}:
         labels.append(HIT_ACROSS_MLA_AND_FULL)
@@ -299,8 +309,6 @@ def step_labels(
         aligned = [new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"]
         if any(0 in ids for ids in aligned):
             labels.append(MAMBA_ALIGN_PADDED)
-        if any(set(ids) & before.held_by_request for ids in aligned):
-            labels.append(MAMBA_ALIGN_RELOCATED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (
