@@ -746,6 +746,7 @@ def plant_partial_key_outlives_eviction(manager: kvcore.KVCacheManager) -> None:
         block.block_hash = None
         # The bug: the block forgets its partial keys, but the map keeps them (a stale partial entry).
         pool._more_keys.pop(block.block_id, None)
+        pool._partial_tokens.pop(block.block_id, None)
         pool.record_event(BlockRemoved((block_hash,), group_id))
 
     pool._evict = evict  # type: ignore[method-assign]

@@ -62,6 +62,8 @@ class BlockPool:
         """The tokens per request block hash (``None``: every group's block size)."""
         self._more_keys: dict[int, list[BlockHashWithGroup]] = {}
         """Block id -> the keys it is cached under besides its ``block_hash``, in the order entered."""
+        self._partial_tokens: dict[int, int] = {}
+        """Block id -> the tokens its ``block_hash`` covers, where that is a partial key."""
         self.enable_kv_cache_events = enable_kv_cache_events
         self._events: list[KVCacheEvent] = []
 
@@ -179,16 +181,21 @@ class BlockPool:
             block.block_hash = key
             self.cache.insert(key, block)
 
-    def cache_partial_block(self, block: KVBlock, key: BlockHashWithGroup) -> bool:
-        """Enter ``block`` under the partial key of a hash boundary inside it, beside any key it has.
+    def cache_partial_block(self, block: KVBlock, key: BlockHashWithGroup, num_tokens: int) -> bool:
+        """Enter ``block`` under the partial key of the hash boundary after ``num_tokens`` tokens, inside the
+        block, beside any key it has; or in place of every key it has, if its own is a partial key of a
+        shorter boundary (the prompt's boundary moved on as more of it was hashed): those are evicted.
 
         Returns whether the entry is new (``False`` for the null block or a
         key the block is already cached under).
         """
         if block.is_null or block.block_hash == key or key in self._more_keys.get(block.block_id, ()):
             return False
+        if block.block_hash is not None and self._partial_tokens.get(block.block_id, num_tokens) < num_tokens:
+            self._evict(block)
         if block.block_hash is None:
             block.block_hash = key
+            self._partial_tokens[block.block_id] = num_tokens
         else:
             self._more_keys.setdefault(block.block_id, []).append(key)
         self.cache.insert(key, block)
@@ -216,6 +223,7 @@ class BlockPool:
             return False
         self.cache.clear()
         self._more_keys.clear()
+        self._partial_tokens.clear()
         for block in self.blocks:
             block.block_hash = None
         self.record_event(AllBlocksCleared())
@@ -226,6 +234,7 @@ class BlockPool:
         assert block.block_hash is not None
         keys = [block.block_hash, *self._more_keys.pop(block.block_id, ())]
         block.block_hash = None
+        self._partial_tokens.pop(block.block_id, None)
         for key in keys:
             self.cache.pop(key, block.block_id)
             block_hash, group_id = key

@@ -99,9 +99,14 @@ class PoolModel:
         self.cache[block_id] = key
 
     def add_key(self, block_id: int, key: CacheKey) -> bool:
-        """Enter the block under a partial key too (its own key, if it has none); whether it is new."""
+        """Enter the block under a partial key too (its own key, if it has none); whether it is new.  A
+        block whose own key is a shorter prefix (a partial key of an earlier boundary inside it) loses
+        every key it has first."""
         if block_id == NULL or self.cache.get(block_id) == key or key in self.more_keys.get(block_id, ()):
             return False
+        own = self.cache.get(block_id)
+        if own is not None and len(own[1]) < len(key[1]):
+            self._uncache(block_id)
         if block_id in self.cache:
             self.more_keys.setdefault(block_id, []).append(key)
         else:

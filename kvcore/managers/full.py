@@ -70,7 +70,7 @@ class FullAttentionManager(SingleTypeManager):
             return
         block_hash = request.block_hashes[num_hashes - 1]
         if (
-            self.pool.cache_partial_block(table[position], (block_hash, self.group_id))
+            self.pool.cache_partial_block(table[position], (block_hash, self.group_id), boundary)
             and self.pool.enable_kv_cache_events
         ):
             self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))

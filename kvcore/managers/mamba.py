@@ -202,7 +202,7 @@ class AlignedMambaManager(MambaManager):
             return
         num_hashes = boundary // hash_block_size
         key = (request.block_hashes[num_hashes - 1], self.group_id)
-        if self.pool.cache_partial_block(block, key):
+        if self.pool.cache_partial_block(block, key, boundary):
             self.cached_this_step.add(key)
             if self.pool.enable_kv_cache_events:
                 self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))

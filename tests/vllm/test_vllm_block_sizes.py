@@ -180,3 +180,31 @@ def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_al
         ],
     )
     assert results[-1].hit_length == 4
+
+
+def test_a_partial_key_gives_way_to_the_next_boundary_inside_its_block_as_on_vllm() -> None:
+    """Hashes of 1 token that look 2 ahead, full attention in 3- and 6-token blocks: a 6-token prompt
+    has hashes for 4 tokens as it is scheduled, so its last boundary (4) is cached inside a block of
+    each group; once the sampled token exists it has 5, and the boundary at 5 replaces the one at 4 in
+    the same blocks: both partial keys are removed (a ``BlockRemoved`` each), then the new ones
+    stored.  kvcore, vLLM and the model agree, events included."""
+    config = TargetConfig(
+        25,
+        3,
+        (GroupSpec("full"), GroupSpec("full", block_size=6)),
+        True,
+        num_hash_lookahead_tokens=2,
+        num_prefill_lookahead=2,
+        hash_block_size=1,
+        enable_kv_cache_events=True,
+    )
+    prompt = (2, 2, 2, 0, 2, 2)
+    lockstep, _ = run_alike(config, [AddRequest("a", prompt), Schedule("a", 6, 0, 7), Schedule("a", 1, 0, 7)])
+    observed = lockstep.model.observe()
+    assert sorted((group, len(prefix), block) for group, prefix, block in observed.cache_entries) == [
+        (0, 5, 1),
+        (0, 7, 2),
+        (1, 7, 3),
+    ]
+    removed = [event.prefix for event in observed.events if type(event).__name__ == "RemovedEvent"]
+    assert removed == [prompt, prompt]
