@@ -65,6 +65,9 @@ class AlignedMambaManager(MambaManager):
     and every block before the one holding the last computed token's state is
     freed, null gaps and all.  Slots are counted for the main model only: a
     drafter has no Mamba layers, so lookahead tokens get no state block.
+    ``num_speculative_blocks`` blocks follow the last state; a request's
+    first allocation takes them, and a later step whose new state positions
+    pass over them moves them, whole, to the table's end.
 
     Full blocks are cached under their prefix's hash, like attention blocks,
     null positions skipped.  A hit needs only the state block at its end: the
