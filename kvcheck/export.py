@@ -950,8 +950,7 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
             '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
             f"MAX_LIVE_STATES = {3 if config.async_scheduling else 2}",
-            '"""Live states an align-mode Mamba table holds at most (one more with a step in flight), besides its '
-            'speculative blocks."""',
+            '"""Live states an align-mode Mamba table holds at most, besides its speculative blocks."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
