@@ -868,11 +868,15 @@ class _StateSearchStopsAtFirstMiss(AlignedMambaManager):
         return tuple([pool.null_block] * position + [block] for block in cached), (position + 1) * block_size
 
 
+def aligned_mamba_managers(manager: kvcore.KVCacheManager) -> list[AlignedMambaManager]:
+    """The manager's Mamba groups in the ``align`` mode."""
+    return [m for m in manager.coordinator.managers if isinstance(m, AlignedMambaManager)]
+
+
 def plant_mamba_state_search_stops_at_first_miss(manager: kvcore.KVCacheManager) -> None:
     coordinator = manager.coordinator
-    for group_manager in coordinator.managers:
-        if isinstance(group_manager, AlignedMambaManager):
-            group_manager.__class__ = _StateSearchStopsAtFirstMiss
+    for group_manager in aligned_mamba_managers(manager):
+        group_manager.__class__ = _StateSearchStopsAtFirstMiss
     if isinstance(coordinator, HybridCoordinator):
         coordinator.spec_groups = tuple(
             attrs.evolve(spec_group, manager_class=_StateSearchStopsAtFirstMiss)
@@ -889,29 +893,28 @@ def padding_counted(count: int, num_positions: int) -> int:
 
 
 def plant_mamba_align_counts_the_padding(manager: kvcore.KVCacheManager) -> None:
-    for group_manager in manager.coordinator.managers:
-        if isinstance(group_manager, AlignedMambaManager):
-            count_blocks = group_manager.num_blocks_to_allocate
+    for group_manager in aligned_mamba_managers(manager):
+        count_blocks = group_manager.num_blocks_to_allocate
 
-            def num_blocks_to_allocate(
-                request_id: str,
-                num_tokens: int,
-                new_computed_blocks: Sequence[KVBlock],
-                total_computed_tokens: int,
-                apply_admission_cap: bool = False,
-                group_manager: AlignedMambaManager = group_manager,
-                count_blocks: Callable[..., int] = count_blocks,
-            ) -> int:
-                count = count_blocks(
-                    request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
-                )
-                if count > group_manager.pool.num_blocks:
-                    return count  # a state cached this step: refused either way
-                table = group_manager.req_to_blocks.get(request_id, ())
-                num_positions = ceil_div(num_tokens, group_manager.block_size) - len(new_computed_blocks) - len(table)
-                return padding_counted(count, num_positions)
+        def num_blocks_to_allocate(
+            request_id: str,
+            num_tokens: int,
+            new_computed_blocks: Sequence[KVBlock],
+            total_computed_tokens: int,
+            apply_admission_cap: bool = False,
+            group_manager: AlignedMambaManager = group_manager,
+            count_blocks: Callable[..., int] = count_blocks,
+        ) -> int:
+            count = count_blocks(
+                request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
+            )
+            if count > group_manager.pool.num_blocks:
+                return count  # a state cached this step: refused either way
+            table = group_manager.req_to_blocks.get(request_id, ())
+            num_positions = ceil_div(num_tokens, group_manager.block_size) - len(new_computed_blocks) - len(table)
+            return padding_counted(count, num_positions)
 
-            group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+        group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
 
 
 def counted_as_allocated(allocated: set[str], request_id: str, count: Callable[[], int]) -> int:
@@ -928,18 +931,17 @@ def counted_as_allocated(allocated: set[str], request_id: str, count: Callable[[
 
 
 def plant_mamba_align_speculative_blocks_not_counted(manager: kvcore.KVCacheManager) -> None:
-    for group_manager in manager.coordinator.managers:
-        if isinstance(group_manager, AlignedMambaManager):
-            count_blocks = group_manager.num_blocks_to_allocate
+    for group_manager in aligned_mamba_managers(manager):
+        count_blocks = group_manager.num_blocks_to_allocate
 
-            def num_blocks_to_allocate(
-                request_id: str,
-                *args: Any,
-                group_manager: AlignedMambaManager = group_manager,
-                count_blocks: Callable[..., int] = count_blocks,
-            ) -> int:
-                return counted_as_allocated(
-                    group_manager.allocated_requests, request_id, lambda: count_blocks(request_id, *args)
-                )
+        def num_blocks_to_allocate(
+            request_id: str,
+            *args: Any,
+            group_manager: AlignedMambaManager = group_manager,
+            count_blocks: Callable[..., int] = count_blocks,
+        ) -> int:
+            return counted_as_allocated(
+                group_manager.allocated_requests, request_id, lambda: count_blocks(request_id, *args)
+            )
 
-            group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+        group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]

@@ -439,6 +439,17 @@ def _shared_prefix_boundary_dropped(manager: Any) -> None:
     manager.get_computed_blocks = hit_without_shared_prefix
 
 
+def _align_mode_mamba_managers(manager: Any) -> list[Any]:
+    """The manager's Mamba groups in the ``align`` mode."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    return [
+        group_manager
+        for group_manager in manager.coordinator.single_type_managers
+        if isinstance(group_manager, MambaManager) and group_manager.mamba_cache_mode == "align"
+    ]
+
+
 def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
     from vllm.v1.core.kv_cache_utils import resolve_block_hashes
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
@@ -478,9 +489,8 @@ def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
             return tuple([null] * position + [block] for block in cached), (position + 1) * block_size
 
     coordinator = manager.coordinator
-    for group_manager in coordinator.single_type_managers:
-        if isinstance(group_manager, MambaManager) and group_manager.mamba_cache_mode == "align":
-            group_manager.__class__ = StateSearchStopsAtFirstMiss
+    for group_manager in _align_mode_mamba_managers(manager):
+        group_manager.__class__ = StateSearchStopsAtFirstMiss
     groups = getattr(coordinator, "attention_groups", None)
     if groups is not None:
         coordinator.attention_groups = [
@@ -490,11 +500,7 @@ def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
 
 
 def _mamba_align_counts_the_padding(manager: Any) -> None:
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-    for group_manager in manager.coordinator.single_type_managers:
-        if not isinstance(group_manager, MambaManager) or group_manager.mamba_cache_mode != "align":
-            continue
+    for group_manager in _align_mode_mamba_managers(manager):
         count_blocks = group_manager.get_num_blocks_to_allocate
 
         def get_num_blocks_to_allocate(
@@ -529,11 +535,7 @@ def _mamba_align_counts_the_padding(manager: Any) -> None:
 
 
 def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
-
-    for group_manager in manager.coordinator.single_type_managers:
-        if not isinstance(group_manager, MambaManager) or group_manager.mamba_cache_mode != "align":
-            continue
+    for group_manager in _align_mode_mamba_managers(manager):
         count_blocks = group_manager.get_num_blocks_to_allocate
 
         def get_num_blocks_to_allocate(
