@@ -3,8 +3,10 @@
 Operations are plain frozen values.  A target adapter and the reference model
 both interpret them; traces store them as JSON.  The scheduler-side rules
 that turn an operation into allocator calls (how many tokens a step computes,
-how many are loaded externally) are in :func:`plan_schedule`, shared by every
-interpreter so that targets and model cannot disagree about them.
+how many are loaded externally, where a prefill chunk ends beside an
+align-mode Mamba group) are in :func:`plan_step` and :func:`plan_async_load`,
+shared by every interpreter so that targets and model cannot disagree about
+them.
 """
 
 from __future__ import annotations
@@ -282,6 +284,35 @@ def split_at_mamba_states(
     )
     end = min((stop for stop in stops if start < stop < end), default=end)
     return attrs.evolve(amounts, num_new_tokens=max(end - start, 0))
+
+
+def plan_step(
+    op: Schedule,
+    config: TargetConfig,
+    num_tokens: int,
+    num_computed_tokens: int,
+    num_prompt_tokens: int,
+    shared_prefix_boundary: int,
+    hit_length: int | None,
+    num_output_placeholders: int = 0,
+) -> ScheduleAmounts:
+    """:func:`plan_schedule` as ``config`` schedules: no external tokens where it loads none, and prefill
+    chunks split at Mamba states beside an align-mode group (:func:`split_at_mamba_states`)."""
+    if not config.loads_external_tokens:
+        op = attrs.evolve(op, num_external_tokens=0)
+    amounts = plan_schedule(op, num_tokens, num_computed_tokens, hit_length, num_output_placeholders)
+    if not config.has_aligned_mamba:
+        return amounts
+    start = num_computed_tokens + (hit_length or 0) + amounts.num_external_tokens
+    return split_at_mamba_states(amounts, op, start, num_tokens, num_prompt_tokens, shared_prefix_boundary, config)
+
+
+def plan_async_load(op: StartAsyncLoad, config: TargetConfig, num_tokens: int, hit_length: int) -> int:
+    """The tokens an asynchronous load brings after a waiting request's hit: never its last token, and
+    none where ``config`` loads no external tokens."""
+    if not config.loads_external_tokens:
+        return 0
+    return min(op.num_external_tokens, num_tokens - 1 - hit_length)
 
 
 @attrs.frozen

@@ -24,8 +24,8 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
-    plan_schedule,
-    split_at_mamba_states,
+    plan_async_load,
+    plan_step,
 )
 from kvcheck.pipeline import StepPipeline
 
@@ -374,23 +374,18 @@ class ManagerModel:
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
-        if not self.config.loads_external_tokens:
-            op = attrs.evolve(op, num_external_tokens=0)
-        amounts = plan_schedule(
-            op, len(request.tokens), request.num_computed_tokens, hit_length if waiting else None, placeholders
+        amounts = plan_step(
+            op,
+            self.config,
+            len(request.tokens),
+            request.num_computed_tokens,
+            request.num_prompt_tokens,
+            request.shared_prefix_boundary,
+            hit_length if waiting else None,
+            placeholders,
         )
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
-        if self.aligned_mamba:
-            amounts = split_at_mamba_states(
-                amounts,
-                op,
-                total_computed,
-                len(request.tokens),
-                request.num_prompt_tokens,
-                request.shared_prefix_boundary,
-                self.config,
-            )
         main_model_tokens = total_computed + amounts.num_new_tokens
         # Slots past the computed tokens are reserved for a drafter's tokens.
         slots = main_model_tokens + self.config.num_lookahead_tokens
@@ -778,9 +773,7 @@ class ManagerModel:
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
-        external = min(op.num_external_tokens, len(request.tokens) - 1 - hit_length)
-        if not self.config.loads_external_tokens:
-            external = 0
+        external = plan_async_load(op, self.config, len(request.tokens), hit_length)
         if external <= 0:
             return StepResult()
         total_computed = request.num_computed_tokens + hit_length + external

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-import attrs
-
 from kvcheck.config import TargetConfig
 from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -30,8 +28,8 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
-    plan_schedule,
-    split_at_mamba_states,
+    plan_async_load,
+    plan_step,
 )
 from kvcheck.pipeline import GroupPositions, StepPipeline, read_positions
 
@@ -57,7 +55,6 @@ class SchedulerDrivenTarget:
     def __init__(self, config: TargetConfig) -> None:
         self.config = config
         self._block_sizes = config.block_sizes
-        self._aligned_mamba = config.has_aligned_mamba
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()
         self.loading: set[str] = set()
@@ -243,21 +240,16 @@ class SchedulerDrivenTarget:
         self._new_step_starts()
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
         hit_length = hit[1] if hit is not None else 0
-        if not self.config.loads_external_tokens:
-            op = attrs.evolve(op, num_external_tokens=0)
-        amounts = plan_schedule(
-            op, request.num_tokens, request.num_computed_tokens, hit[1] if hit else None, placeholders
+        amounts = plan_step(
+            op,
+            self.config,
+            request.num_tokens,
+            request.num_computed_tokens,
+            request.num_prompt_tokens,
+            request.shared_prefix_boundary,
+            hit[1] if hit else None,
+            placeholders,
         )
-        if self._aligned_mamba:
-            amounts = split_at_mamba_states(
-                amounts,
-                op,
-                request.num_computed_tokens + hit_length + amounts.num_external_tokens,
-                request.num_tokens,
-                request.num_prompt_tokens,
-                request.shared_prefix_boundary,
-                self.config,
-            )
         lookahead = self.config.num_lookahead_tokens
         new_blocks = self._allocate_slots(request, amounts.num_new_tokens, hit, amounts.num_external_tokens, lookahead)
         hit_ids = self._block_ids(hit[0]) if hit is not None else None
@@ -317,9 +309,7 @@ class SchedulerDrivenTarget:
         self._new_step_starts()
         hit = self._get_computed_blocks(request)
         hit_length = hit[1]
-        external = min(op.num_external_tokens, request.num_tokens - 1 - hit_length)
-        if not self.config.loads_external_tokens:
-            external = 0
+        external = plan_async_load(op, self.config, request.num_tokens, hit_length)
         if external <= 0:
             return StepResult()
         new_blocks = self._allocate_slots(request, 0, hit, external, 0, delay_cache_blocks=True)
