@@ -111,6 +111,7 @@ def main() -> None:
     print_retention_cost(args)
     print_context_parallel_cost(args)
     print_mamba_align_cost(args)
+    print_sub_block_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -203,6 +204,31 @@ def print_mamba_align_cost(args: argparse.Namespace) -> None:
 
     print_on_off_cost(
         args, forced, "Mamba layouts in every run, align mode (caching on) or none mode", ("align", "none")
+    )
+
+
+def print_sub_block_cost(args: argparse.Namespace) -> None:
+    """Hybrid Mamba layouts with prefix caching in every swarm run (every group hashed at the cache's
+    block size), the state blocks twice as large (hits ending inside a block, copies on write), then of
+    the cache's block size (the same draws otherwise), checked and unchecked: what sub-block hits cost."""
+
+    def forced(drawn: ConfigDraw, wider: bool) -> ConfigDraw:
+        def config(rng: Any, num_groups: int | None = None, **kwargs: Any) -> TargetConfig:
+            share = 1.0 if wider else 0.0
+            return drawn(
+                rng,
+                rng.randint(2, 4),
+                **kwargs,
+                layout="mamba",
+                caching=True,
+                block_sizes_share=0.0,
+                sub_block_share=share,
+            )
+
+        return config
+
+    print_on_off_cost(
+        args, forced, "hybrid Mamba layouts with caching in every run, sub-block hits on or off", ("sub-block", "block")
     )
 
 

@@ -330,6 +330,39 @@ class TargetConfig:
         return any(group.kind == "mamba_align" for group in self.groups)
 
     @property
+    def partial_hits(self) -> bool:
+        """Whether hits may end inside a block (vLLM 0.33.0's fine-grained hits): with prefix caching,
+        several groups, a ``mamba_align`` group whose blocks are larger than the hashes, and every other
+        group in the prefix cache either hashed at its block size or full attention (``full``, ``mla``)
+        or ``mamba_align``.  A hit is then a multiple of the hash size, and a group whose hit ends inside
+        a block copies that block to one of the request's own (copy on write)."""
+        if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
+            return False
+        if not any(
+            group.kind == "mamba_align" and self.group_block_size(index) > self.hash_size
+            for index, group in enumerate(self.groups)
+        ):
+            return False
+        return not self._groups_without_sub_block_lookup()
+
+    def _groups_without_sub_block_lookup(self) -> list[int]:
+        """Groups in the prefix cache hashed finer than their blocks whose lookups cannot end inside a
+        block (sliding window, chunked local, and R-SWA: not modelled)."""
+        return [
+            index
+            for index, group in enumerate(self.groups)
+            if group.kind not in UNCACHED_KINDS
+            and group.kind not in ("full", "mla", "mamba_align")
+            and self.group_block_size(index) != self.hash_size
+        ]
+
+    @property
+    def hit_alignment(self) -> int:
+        """Hits are a multiple of this many tokens: the hash size with sub-block hits, else the scheduler
+        block size."""
+        return self.hash_size if self.partial_hits else self.scheduler_block_size
+
+    @property
     def loads_external_tokens(self) -> bool:
         """Whether steps take the external tokens operations ask for: not beside an align-mode Mamba group,
         whose block for their state vLLM 0.33.0's admission does not count (the pool runs dry inside
@@ -485,11 +518,13 @@ class TargetConfig:
             if group.kind != "mamba_align":
                 continue
             size = self.group_block_size(index)
-            if self.hash_size < size:
+            if self.hash_size < size and not self.partial_hits:
+                blocking = self._groups_without_sub_block_lookup()
                 raise ConfigError(
                     "hash_block_size",
-                    f"{self.hash_size} is below groups[{index}] mamba_align's block_size {size}: vLLM 0.33.0 then "
-                    "hits states inside a block (fine-grained hits, not modelled)",
+                    f"{self.hash_size} is below groups[{index}] mamba_align's block_size {size}, beside groups "
+                    f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): "
+                    "sub-block state hits there are not modelled",
                 )
             if self.dcp_world_size > 1:
                 raise ConfigError(

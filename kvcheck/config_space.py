@@ -38,6 +38,10 @@ Half the configurations with caching and a sliding window set a retention
 interval (vLLM's sparse checkpoints): the window then caches only what hits
 at the interval's ends, the prompt's replay boundaries and shared prefixes'
 ends need.
+Half the hybrid draws with align-mode Mamba groups give them blocks twice as
+large as the attention blocks and the hashes: a hit may then end inside a
+state block, whose shared block the request copies on write (vLLM's
+fine-grained hits).
 Three draws in ten shard their attention groups over 2 or 4 decode context
 parallel ranks (a block then holds that many times its tokens), leaving the
 drafter's groups whole in half of those (a draft model running at DCP 1);
@@ -153,6 +157,7 @@ def random_config(
     block_sizes_share: float = 1 / 3,
     retention_share: float = 1 / 2,
     dcp_share: float = 0.3,
+    sub_block_share: float = 1 / 2,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -163,7 +168,8 @@ def random_config(
     multi-group draws that give groups blocks of different sizes, and of those with caching that hash
     finer than their blocks (0: none; 1: every one vLLM accepts); ``retention_share`` the share of draws
     with caching and a sliding window that set a retention interval, ``dcp_share`` that of draws sharded
-    over decode context parallel ranks; the draws are the same otherwise."""
+    over decode context parallel ranks, ``sub_block_share`` that of hybrid draws with align-mode Mamba
+    groups whose state blocks are twice as large; the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -266,7 +272,26 @@ def random_config(
         enable_kv_cache_events=enable_kv_cache_events,
     )
     config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
-    return _context_parallel(rng, config, dcp_share)
+    return _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
+
+
+def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the hybrid draws with align-mode Mamba groups of the cache's
+    block size, those groups' blocks twice as large as the attention blocks and the hashes: hits may
+    then end inside a state block (vLLM's fine-grained hits).  (Drawn last.)"""
+    widened = [
+        index for index, group in enumerate(config.groups) if group.kind == "mamba_align" and group.block_size is None
+    ]
+    if len(config.groups) == 1 or not widened or rng.random() >= share:
+        return config
+    groups = tuple(
+        attrs.evolve(group, block_size=2 * config.block_size) if index in widened else group
+        for index, group in enumerate(config.groups)
+    )
+    try:
+        return attrs.evolve(config, groups=groups).validate()
+    except ConfigError:
+        return config
 
 
 def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

@@ -451,7 +451,7 @@ class RecordingTarget(VllmTarget):
             or not request_id.isascii()
             or keyword.iskeyword(request_id)
             or request_id in reserved_names(self.config.enable_kv_cache_events)
-            or request_id.startswith(("popped_", "reads_", "_"))
+            or request_id.startswith(("popped_", "reads_", "retained_", "pending_", "_"))
             or len(request_id) > MAX_VARIABLE_CHARS
         ):
             base = "request"
@@ -493,6 +493,9 @@ class RecordingTarget(VllmTarget):
             if expected.hit_block_ids is not None:
                 blocks = nested_lists(expected.hit_block_ids)
                 self.expect("hit_is_sound_and_maximal", f"hit blocks of {rid} differ", blocks, "block_ids(hit.blocks)")
+        if self.config.partial_hits:
+            # A hit may end inside a block: the step checks that the request does not write the shared block.
+            self.emit(f"step.hit = {_quote(raw.request_id)}, hit, hit_tokens")
         hit = (hit_blocks, hit_length)
         self.register(hit, "hit")
         return hit
@@ -542,6 +545,28 @@ class RecordingTarget(VllmTarget):
         # VllmTarget frees through manager.block_pool, tail first, as the scheduler drains a deferred free.
         self.emit(f"manager.block_pool.free_blocks(reversed({self.names[id(popped)]}))")
         super()._free_popped(popped)
+
+    def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
+        copies, retained = super()._take_block_copies()
+        if self.config.partial_hits and retained:
+            variable = f"retained_{self.step}"
+            self.emit(f"step.copies, {variable} = manager.take_kv_cache_block_copies()")
+            self.register(retained, variable)
+        elif self.config.partial_hits:
+            self.emit("step.copies = manager.take_kv_cache_block_copies()[0]")
+        return copies, retained
+
+    def _free_retained(self, blocks: list[Any]) -> None:
+        # As the scheduler releases the endpoints of copies it does not defer.
+        self.emit(f"manager.block_pool.free_blocks({self.names[id(blocks)]})")
+        super()._free_retained(blocks)
+
+    def _deferred_retained(self, blocks: list[Any]) -> list[Any]:
+        pending = super()._deferred_retained(blocks)
+        variable = f"pending_{self.step}"
+        self.emit(f"{variable} = {self.names[id(blocks)]}[::-1]")
+        self.register(pending, variable)
+        return pending
 
     def _new_step_starts(self) -> None:
         self.emit("manager.new_step_starts()")
@@ -692,6 +717,8 @@ def _check_call(
         kwargs["slots"] = value_node({getattr(op, "request_id", ""): result.num_slots})
     if result.reset_done is not None:
         kwargs["reset_done"] = value_node(result.reset_done)
+    if recorder.config.partial_hits and result.admitted:
+        kwargs["copies"] = value_node([list(copy) for copy in result.block_copies])
     tables = {rid: nested_lists(model.tables[rid]) for rid in sorted(model.tables)}
     kwargs["tables"] = value_node(tables)
     kwargs["free"] = value_node(list(model.free_order))
@@ -1160,6 +1187,8 @@ class Step:
         self.op = op
         self.allocated: object = UNSET
         self.reset: object = UNSET
+        self.hit: object = UNSET
+        self.copies: object = UNSET
 
     def __enter__(self) -> Step:
         return self
@@ -1202,6 +1231,7 @@ class Step:
         deferred_frees: Sequence[list[int]] = (),
         prompt_lengths: dict[str, int] | None = None,
         in_flight: Sequence[tuple[str, list[list[int]]]] = (),
+        copies: list[list[int]] | None = None,
     ) -> None:
         """Check vLLM after the step, in the order kvcheck checks its invariants (so the first failure names
         the invariant kvcheck reports): vLLM's own consistency, then the state kvcheck's model predicts.
@@ -1211,7 +1241,8 @@ class Step:
         the nonzero ref counts, the cached (group, block id) pairs and the block ids each deferred free
         holds.  ``pending_frees`` are the block lists the scheduler popped for a deferred free and has not
         freed yet; ``prompt_lengths`` each request's prompt length (with R-SWA groups); ``in_flight`` the
-        block ids each step still in flight reads and writes, per group.
+        block ids each step still in flight reads and writes, per group; ``copies`` the (source,
+        destination) block copies the step queued.
         """
         pool = manager.block_pool
         actual_tables = block_tables(manager)
@@ -1232,6 +1263,7 @@ class Step:
                         )
         self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
+        self._check_hit_not_written(actual_tables)
         actual_admitted = None if self.allocated is UNSET else self.allocated is not None
         self.expect("admission_matches_model", "admitted differs", admitted, actual_admitted)
         actual_cached = cached_blocks(entries)
@@ -1247,6 +1279,9 @@ class Step:
         actual_new = block_ids(self.allocated.blocks) if isinstance(self.allocated, KVCacheBlocks) else None
         self.expect(REUSE_ORDER_INVARIANT, "newly allocated blocks differ", new_blocks, actual_new)
         self.expect(REUSE_ORDER_INVARIANT, "free queue order differs", free, actual_free)
+        if copies is not None and isinstance(self.copies, list):
+            actual_copies = [[copy.src_block_id, copy.dst_block_id] for copy in self.copies]
+            self.expect("tables_match_model", "the block copies the step queued differ", copies, actual_copies)
         self.expect("tables_match_model", "the blocks held by deferred frees differ", list(deferred_frees), pending)
         for request_id in sorted(tables.keys() | actual_tables.keys()):
             detail = f"table of request {request_id} differs"
@@ -1316,6 +1351,22 @@ class Step:
             stale, missing = cached_blocks(entries - hashed), cached_blocks(hashed - entries)
             detail = f"map entries without a matching block hash: {stale}; hashed blocks not in the map: {missing}"
             self.fail("cache_map_consistent", detail)
+
+    def _check_hit_not_written(self, tables: dict[str, list[list[int]]]) -> None:
+        """After an admitted step whose hit ends inside a group's block, the request's table does not hold
+        that (shared) block there, where it writes next."""
+        if not isinstance(self.hit, tuple) or not isinstance(self.allocated, KVCacheBlocks):
+            return
+        request_id, hit, hit_tokens = self.hit
+        for group, (blocks, table) in enumerate(zip(block_ids(hit.blocks), tables.get(request_id, []))):
+            position = hit_tokens // BLOCK_SIZES[group]
+            inside = hit_tokens % BLOCK_SIZES[group] and position < min(len(blocks), len(table)) and blocks[position]
+            if inside and table[position] == blocks[position]:
+                self.fail(
+                    "hit_block_never_written",
+                    f"request {request_id} group {group}: its {hit_tokens}-token hit ends inside block "
+                    f"{blocks[position]}, which its table still holds for the tokens it writes next",
+                )
 
     def _check_group_kinds(
         self, pool: BlockPool, tables: dict[str, list[list[int]]], prompt_lengths: dict[str, int] | None
@@ -1582,7 +1633,7 @@ EVENT_EDITS = (
         "        in_flight: Sequence[tuple[str, list[list[int]]]] = (),\n", "        events: Sequence[Event] = (),\n"
     ),
     _after(
-        "        block ids each step still in flight reads and writes, per group.\n",
+        "        destination) block copies the step queued.\n",
         "        ``stream`` holds vLLM's KV cache events up to this step, ``self.events`` the step's; ``events`` are\n"
         "        the step's events the model predicts.\n",
     ),

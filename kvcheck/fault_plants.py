@@ -340,10 +340,17 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         if apply_admission_cap:  # the whole-request gate counts before anything is taken
             return count_blocks(
-                request_id, num_tokens, new_computed_blocks, total_computed_tokens, True, num_encoder_tokens
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                True,
+                num_encoder_tokens,
+                num_local_computed_tokens=num_local_computed_tokens,
             )
         hit_taken.discard(request_id)
         is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
@@ -364,6 +371,7 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
             total_computed_tokens,
             num_encoder_tokens=num_encoder_tokens,
             num_tokens_main_model=num_tokens_main_model,
+            num_local_computed_tokens=num_local_computed_tokens,
         )
 
     def allocate_new_computed_blocks(
@@ -652,6 +660,7 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         # The bug: cross-attention's blocks are counted like every other
         # group's, for the decoder's tokens, while they are allocated for the
@@ -664,6 +673,7 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
             apply_admission_cap,
             num_tokens,
             num_tokens_main_model,
+            num_local_computed_tokens,
         )
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
@@ -902,11 +912,17 @@ def plant_mamba_align_counts_the_padding(manager: kvcore.KVCacheManager) -> None
             new_computed_blocks: Sequence[KVBlock],
             total_computed_tokens: int,
             apply_admission_cap: bool = False,
+            num_local_computed_tokens: int | None = None,
             group_manager: AlignedMambaManager = group_manager,
             count_blocks: Callable[..., int] = count_blocks,
         ) -> int:
             count = count_blocks(
-                request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap,
+                num_local_computed_tokens,
             )
             if count > group_manager.pool.num_blocks:
                 return count  # a state cached this step: refused either way
@@ -945,3 +961,59 @@ def plant_mamba_align_speculative_blocks_not_counted(manager: kvcore.KVCacheMana
             )
 
         group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+
+
+def plant_partial_hit_not_copied(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        take_hit = group_manager.add_local_computed_blocks
+
+        def add_local_computed_blocks(
+            request_id: str,
+            *args: Any,
+            group_manager: SingleTypeManager = group_manager,
+            take_hit: Callable[..., None] = take_hit,
+        ) -> None:
+            take_hit(request_id, *args)
+            # The bug: a hit ending inside a block is not recorded for its copy on write, so the request's
+            # table keeps the shared block, where it writes its next tokens.
+            group_manager.partial_hits.pop(request_id, None)
+
+        group_manager.add_local_computed_blocks = add_local_computed_blocks  # type: ignore[method-assign]
+
+
+def plant_copy_block_not_counted(manager: kvcore.KVCacheManager) -> None:
+    for group_manager in manager.coordinator.managers:
+        count_blocks = group_manager.num_blocks_to_allocate
+
+        def num_blocks_to_allocate(
+            request_id: str,
+            num_tokens: int,
+            new_computed_blocks: Sequence[KVBlock],
+            total_computed_tokens: int,
+            apply_admission_cap: bool = False,
+            num_local_computed_tokens: int | None = None,
+            group_manager: SingleTypeManager = group_manager,
+            count_blocks: Callable[..., int] = count_blocks,
+        ) -> int:
+            count = count_blocks(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap,
+                num_local_computed_tokens,
+            )
+            local = total_computed_tokens if num_local_computed_tokens is None else num_local_computed_tokens
+            copies = (
+                group_manager.has_partial_hit(new_computed_blocks, local) or request_id in group_manager.partial_hits
+            )
+            # The bug: the block a copy on write takes is not counted, while the allocation takes it.
+            return count - 1 if copies and count <= group_manager.pool.num_blocks else count
+
+        group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+
+
+def plant_state_entry_left_on_written_block(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the copy of a state a request cached inside the block it goes on writing is queued, but
+    # the cache entry stays on that block, which the request then overwrites.
+    manager.block_pool.move_block_hashes = lambda source, destination: None  # type: ignore[method-assign]

@@ -209,8 +209,8 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             "hits-aligned-to-the-hash-size",
-            "a hybrid cache of mixed block sizes aligns hits to the hash size, not the scheduler block size: a "
-            "hit ends inside a larger group's shared block, which the request then writes",
+            "a hybrid cache of mixed block sizes without sub-block hits aligns hits to the hash size, not the "
+            "scheduler block size: a hit ends inside a larger group's shared block, longer than it may be",
             plants.plant_hits_aligned_to_the_hash_size,
         ),
         Fault(
@@ -267,6 +267,24 @@ FAULTS: dict[str, Fault] = {
             "admission caps an align-mode Mamba group's new blocks at one on a request's first allocation too, as "
             "for a request that allocated before: its speculative blocks are left out while the allocation takes them",
             plants.plant_mamba_align_speculative_blocks_not_counted,
+        ),
+        Fault(
+            "partial-hit-not-copied",
+            "a hit ending inside a block is not recorded for its copy on write: the request's table keeps the "
+            "block the prefix cache shares, and the request writes its next tokens into it",
+            plants.plant_partial_hit_not_copied,
+        ),
+        Fault(
+            "copy-block-not-counted",
+            "admission does not count the block a copy on write takes (a hit ending inside a block, or a state "
+            "cached inside the block its request goes on writing): a step that does not fit is admitted",
+            plants.plant_copy_block_not_counted,
+        ),
+        Fault(
+            "state-entry-left-on-written-block",
+            "an align-mode Mamba state a request cached inside the block it goes on writing is copied, but its "
+            "cache entry stays on that block: a later hit reads a state overwritten since",
+            plants.plant_state_entry_left_on_written_block,
         ),
     )
 }

@@ -255,7 +255,7 @@ def split_at_mamba_states(
 ) -> ScheduleAmounts:
     """The step's new tokens clipped as vLLM 0.33.0's scheduler clips a prefill chunk beside an
     align-mode Mamba group, where states exist only on block boundaries (``_mamba_block_aligned_split``,
-    with no prefill checkpoints nor fine-grained hits).
+    with no prefill checkpoints).
 
     ``start`` is where the chunk starts (computed, hit and external tokens).
     Until the prefill ends (the prompt, or all but the last token of a
@@ -265,6 +265,9 @@ def split_at_mamba_states(
     scheduler's token budget, advances inside the block).  It also stops at
     the last boundary the request can cache and at the block boundary below
     the end of a prefix a lookup found shared (``shared_prefix_boundary``).
+    With sub-block hits it also stops at the prompt's last hash boundary
+    past that block boundary, where the state a later request hits inside a
+    block is cached.
     """
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
@@ -275,11 +278,14 @@ def split_at_mamba_states(
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= op.num_new_tokens:
             end = aligned_end
-    last_cacheable = max(0, (num_tokens - max(1, config.num_hash_lookahead_tokens)) // block_size * block_size)
+    lookahead = max(1, config.num_hash_lookahead_tokens)
+    last_cacheable = max(0, (num_tokens - lookahead) // block_size * block_size)
+    tail = max(0, (num_prompt_tokens - lookahead) // config.hash_size * config.hash_size) if config.partial_hits else 0
     junction = shared_prefix_boundary
     stops = (
         (start // block_size + 1) * block_size if start % block_size else 0,
         last_cacheable,
+        tail if last_cacheable < tail < num_prompt_tokens else 0,
         start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )
     end = min((stop for stop in stops if start < stop < end), default=end)
@@ -324,7 +330,8 @@ class StepResult:
     waiting request; ``new_block_ids`` for an admitted schedule;
     ``reset_done`` for :class:`ResetPrefixCache`; ``num_slots`` for an
     admitted step: the token positions it asked slots for (computed, new,
-    drafts and lookahead).
+    drafts and lookahead); ``block_copies`` the (source, destination) block
+    copies the step handed the worker (a sub-block hit's copy on write).
     """
 
     admitted: bool | None = None
@@ -334,6 +341,7 @@ class StepResult:
     num_external_tokens: int = 0
     reset_done: bool | None = None
     num_slots: int | None = None
+    block_copies: tuple[tuple[int, int], ...] = ()
 
 
 def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:

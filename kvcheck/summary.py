@@ -25,7 +25,7 @@ class SuiteSummary:
             self.results.append((report.nodeid, report.outcome, report.duration))
 
     def lines(self) -> list[str]:
-        from kvcheck.stateful_tests.coverage import ALL_LABELS, LABELS_SEEN, reachable_labels
+        from kvcheck.stateful_tests.coverage import ALL_LABELS, GROUP_LAYOUTS, LABELS_SEEN, labels_required
 
         seconds = time.perf_counter() - self.started
         steps = Lockstep.total_steps - self.steps_before
@@ -41,7 +41,7 @@ class SuiteSummary:
             status = "ok" if not failed else "FAILED"
             spent = sum(d for _, d in outcomes)
             out.append(f"  {name:<{width}}  {status:<6}  {passed} passed, {failed} failed  {spent:6.1f}s")
-        reachable = reachable_labels(self.num_groups)
+        reachable = labels_required(GROUP_LAYOUTS if self.num_groups is None else (self.num_groups,))
         reached = [label for label in reachable if LABELS_SEEN[label]]
         out.append(f"  lockstep steps driven: {steps:,} in {seconds:.1f}s ({steps / max(seconds, 1e-9):,.0f}/s)")
         out.append(f"  coverage labels reached: {len(reached)}/{len(reachable)}")

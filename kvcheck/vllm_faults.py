@@ -552,6 +552,56 @@ def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
         group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
 
 
+def _partial_hit_not_copied(manager: Any) -> None:
+    for group_manager in manager.coordinator.single_type_managers:
+        take_hit = group_manager.add_local_computed_blocks
+
+        def add_local_computed_blocks(
+            request_id: str, *args: Any, group_manager: Any = group_manager, take_hit: Any = take_hit
+        ) -> None:
+            take_hit(request_id, *args)
+            group_manager._partial_hit_reqs.pop(request_id, None)
+
+        group_manager.add_local_computed_blocks = add_local_computed_blocks
+
+
+def _copy_block_not_counted(manager: Any) -> None:
+    for group_manager in manager.coordinator.single_type_managers:
+        count_blocks = group_manager.get_num_blocks_to_allocate
+
+        def get_num_blocks_to_allocate(
+            request_id: str,
+            num_tokens: int,
+            new_computed_blocks: Any,
+            total_computed_tokens: int,
+            num_local_computed_tokens: int,
+            *args: Any,
+            group_manager: Any = group_manager,
+            count_blocks: Any = count_blocks,
+            **kwargs: Any,
+        ) -> int:
+            count = count_blocks(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                *args,
+                **kwargs,
+            )
+            copies = (
+                group_manager._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
+                or request_id in group_manager._partial_hit_reqs
+            )
+            return count - 1 if copies and count <= group_manager.block_pool.num_gpu_blocks else count
+
+        group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+
+def _state_entry_left_on_written_block(manager: Any) -> None:
+    manager.block_pool.move_block_hashes = lambda source, destination: None
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -707,6 +757,22 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM MambaManager.get_num_blocks_to_allocate in the align mode capping a request's first allocation "
             "at one block, as if it were in _allocated_block_reqs",
             _mamba_align_speculative_blocks_not_counted,
+        ),
+        Fault(
+            "partial-hit-not-copied",
+            "vLLM SingleTypeKVCacheManager.add_local_computed_blocks without recording a hit ending inside a block "
+            "in _partial_hit_reqs: no copy on write",
+            _partial_hit_not_copied,
+        ),
+        Fault(
+            "copy-block-not-counted",
+            "vLLM get_num_blocks_to_allocate without the block a partial hit's copy on write takes",
+            _copy_block_not_counted,
+        ),
+        Fault(
+            "state-entry-left-on-written-block",
+            "vLLM MambaManager.allocate_new_blocks queueing a producer's copy without BlockPool.move_block_hashes",
+            _state_entry_left_on_written_block,
         ),
     )
 }

@@ -201,6 +201,30 @@ class BlockPool:
         self.cache.insert(key, block)
         return True
 
+    def move_block_hashes(self, source: KVBlock, destination: KVBlock) -> None:
+        """Enter ``destination`` under every key ``source`` is cached under, in its place.
+
+        For a block its request goes on writing: the prefix cache keeps a
+        copy (``destination``, filled by a block copy before the write)
+        under the same keys.  The entries stay live, so no event is queued.
+        """
+        assert destination.block_hash is None, f"block {destination.block_id} is cached already"
+        keys = self.block_keys(source)
+        if not keys:
+            return
+        num_tokens = self._partial_tokens.pop(source.block_id, None)
+        self._more_keys.pop(source.block_id, None)
+        source.block_hash = None
+        for key in keys:
+            self.cache.pop(key, source.block_id)
+        destination.block_hash = keys[0]
+        if num_tokens is not None:
+            self._partial_tokens[destination.block_id] = num_tokens
+        if len(keys) > 1:
+            self._more_keys[destination.block_id] = keys[1:]
+        for key in keys:
+            self.cache.insert(key, destination)
+
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the cache entries of the given blocks.
 
@@ -267,6 +291,13 @@ class BlockPool:
         if block.block_hash is None:
             return []
         return [block.block_hash, *self._more_keys.get(block.block_id, ())]
+
+    def hash_tokens(self, block: KVBlock, full_block_tokens: int) -> int | None:
+        """The tokens the block's own key covers: a partial key's boundary, else ``full_block_tokens``
+        (the end of the position the caller holds it at); ``None`` for a block not cached."""
+        if block.block_hash is None:
+            return None
+        return self._partial_tokens.get(block.block_id, full_block_tokens)
 
     def cache_entries(self) -> list[tuple[BlockHashWithGroup, int]]:
         """Every prefix-cache entry as (key, block id)."""

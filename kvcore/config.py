@@ -287,12 +287,14 @@ class KVCacheConfig:
 
     Cross-attention groups and Mamba groups outside the ``align`` mode have
     no prefix cache, so they need caching off; with caching on, a hybrid
-    cache needs a group that is not a ring buffer.  Beside an ``align``-mode
-    Mamba group kvcore does not implement (and refuses by field, saying so)
-    fine-grained state hits (a hash block size below the Mamba block size,
-    or decode context parallelism with prefix caching), a retention
-    interval, or an EAGLE drafter (whose drop vLLM's hybrid lookup gives a
-    Mamba group no margin for).
+    cache needs a group that is not a ring buffer.  A hash block size below
+    an ``align``-mode Mamba group's blocks turns on sub-block hits
+    (:attr:`partial_hits`).  Beside an ``align``-mode Mamba group kvcore does
+    not implement (and refuses by field, saying so) a sliding-window,
+    chunked-local or R-SWA group hashed finer than its blocks, decode
+    context parallelism with prefix caching, a retention interval, or an
+    EAGLE drafter (whose drop vLLM's hybrid lookup gives a Mamba group no
+    margin for).
     The block sizes vLLM 0.33.0's manager refuses are refused by field.
     """
 
@@ -389,12 +391,14 @@ class KVCacheConfig:
                     f"groups[{index}] is Mamba in the align mode: under decode context parallelism vLLM "
                     "0.33.0 turns on fine-grained (sub-block) state hits, which kvcore does not implement",
                 )
-            if spec.block_size > self.hash_block_size:
+            if spec.block_size > self.hash_block_size and not self.partial_hits:
+                blocking = self._groups_without_fine_grained_lookup()
                 raise InvalidConfig(
                     "hash_block_size",
                     self.hash_block_size,
-                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks: kvcore does "
-                    "not implement the fine-grained (sub-block) state hits a smaller hash block size turns on",
+                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks, and "
+                    f"groups {blocking} cannot look up inside a block, so vLLM 0.33.0 turns fine-grained hits off "
+                    "but still enters the prompt's sub-block state: kvcore does not implement that",
                 )
             if self.prefix_cache_retention_interval is not None:
                 raise InvalidConfig(
@@ -410,6 +414,35 @@ class KVCacheConfig:
                     f"groups[{index}] is Mamba in the align mode: kvcore does not implement an EAGLE drafter's "
                     "drop beside it (vLLM's hybrid lookup gives a Mamba group no drop margin)",
                 )
+
+    @property
+    def partial_hits(self) -> bool:
+        """Whether hits may end inside a block (vLLM 0.33.0's fine-grained, or partial hash, hits): with
+        prefix caching, several groups, an align-mode Mamba group whose blocks are larger than the hash
+        block size, and every other group in the prefix cache able to look up inside its blocks (full
+        attention, plain or MLA, and align-mode Mamba) or hashed at its own block size.  A hit is then a
+        multiple of the hash block size; a group whose hit ends inside a block copies that shared block
+        to a block of its own before writing (copy on write)."""
+        if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
+            return False
+        if not any(
+            isinstance(spec, MambaSpec) and spec.aligned and spec.block_size > self.hash_block_size
+            for spec in self.groups
+        ):
+            return False
+        return not self._groups_without_fine_grained_lookup()
+
+    def _groups_without_fine_grained_lookup(self) -> list[int]:
+        """The groups in the prefix cache, hashed at a finer size than their blocks, whose lookups cannot
+        stop inside a block (vLLM's ``supports_fine_grained_hash_lookup``; kvcore's R-SWA neither)."""
+        return [
+            index
+            for index, spec in enumerate(self.manager_specs)
+            if is_prefix_cacheable(spec)
+            and spec.block_size != self.hash_block_size
+            and not isinstance(spec, FullAttentionSpec | MLAAttentionSpec)
+            and not (isinstance(spec, MambaSpec) and spec.aligned)
+        ]
 
     def _check_group_ids(self, name: str, group_ids: tuple[int, ...]) -> None:
         for index, group_id in enumerate(group_ids):

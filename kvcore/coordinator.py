@@ -31,10 +31,11 @@ class KVCacheCoordinator:
             manager_class_for(spec)(spec, self.pool, group_id, enable_caching)
             for group_id, spec in enumerate(config.manager_specs)
         )
-        self.hit_alignment = config.scheduler_block_size
-        """Hits are a multiple of this many tokens: the scheduler block size."""
+        self.hit_alignment = config.hash_block_size if config.partial_hits else config.scheduler_block_size
+        """Hits are a multiple of this many tokens: the scheduler block size, or the hash block size with
+        sub-block hits."""
         for manager in self.managers:
-            manager.hit_alignment = config.scheduler_block_size
+            manager.hit_alignment = self.hit_alignment
             manager.retention_interval = config.prefix_cache_retention_interval
         if config.max_in_flight_tokens is not None:
             for manager, spec in zip(self.managers, config.groups):
@@ -56,10 +57,12 @@ class KVCacheCoordinator:
         apply_admission_cap: bool = False,
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Free blocks all groups together consume to give the request ``num_tokens`` slots (and a
         cross-attention group ``num_encoder_tokens`` slots, an align-mode Mamba group
-        ``num_tokens_main_model``: ``num_tokens`` without the lookahead, by default all of them)."""
+        ``num_tokens_main_model``: ``num_tokens`` without the lookahead, by default all of them).
+        ``num_local_computed_tokens`` (by default ``total_computed_tokens``) ends the local hit."""
         return sum(
             manager.num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, apply_admission_cap)
             if isinstance(manager, CrossAttentionManager)
@@ -69,6 +72,7 @@ class KVCacheCoordinator:
                 hit,
                 total_computed_tokens,
                 apply_admission_cap,
+                num_local_computed_tokens,
             )
             for manager, hit in zip(self.managers, new_computed_blocks)
         )
@@ -147,6 +151,10 @@ class KVCacheCoordinator:
     def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
         """Forget the request in every group and return its blocks, group 0's first, still referenced."""
         return [block for manager in self.managers for block in manager.pop_blocks_for_free(request_id)]
+
+    def take_pending_copies(self) -> list[tuple[KVBlock, KVBlock]]:
+        """Every group's queued block copies (source, destination), group 0's first."""
+        return [copy for manager in self.managers for copy in manager.take_pending_copies()]
 
     def get_blocks(self, request_id: str) -> tuple[list[KVBlock], ...]:
         return tuple(list(manager.req_to_blocks.get(request_id, ())) for manager in self.managers)
@@ -297,11 +305,12 @@ class HybridCoordinator(KVCacheCoordinator):
         return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length, longest - hit_length
 
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
-        """A hybrid cache caches up to a hit boundary (a multiple of the scheduler block size); only a
-        group that drops keeps the tokens a multi-module drafter may prefill again out of the cache
-        (with one more of its blocks: its lookups peek past the hit)."""
+        """A hybrid cache caches up to a hit boundary (a multiple of the scheduler block size; every
+        token with sub-block hits, whose copies would otherwise be cached again); only a group that
+        drops keeps the tokens a multi-module drafter may prefill again out of the cache (with one more
+        of its blocks: its lookups peek past the hit)."""
         alignment = self.config.scheduler_block_size
-        aligned = num_tokens // alignment * alignment
+        aligned = num_tokens if self.config.partial_hits else num_tokens // alignment * alignment
         if group_id in self.dropping_group_ids and aligned > 0:
             finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
             return min(finalized, finalized // alignment * alignment + self.managers[group_id].block_size)

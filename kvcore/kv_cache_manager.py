@@ -153,6 +153,7 @@ class KVCacheManager:
                 total_computed_tokens,
                 apply_admission_cap=True,
                 num_encoder_tokens=num_encoder_tokens,
+                num_local_computed_tokens=num_local_computed_tokens,
             )
             if num_blocks_for_all + watermark_blocks > num_free:
                 return None
@@ -166,6 +167,7 @@ class KVCacheManager:
             total_computed_tokens,
             num_encoder_tokens=num_encoder_tokens,
             num_tokens_main_model=num_tokens_main_model,
+            num_local_computed_tokens=num_local_computed_tokens,
         )
         if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None
@@ -227,6 +229,28 @@ class KVCacheManager:
             if not self._popped[block_id]:
                 del self._popped[block_id]
 
+    def take_block_copies(self) -> tuple[list[tuple[int, int]], list[KVBlock]]:
+        """The block copies the worker must run with this step, queued since the last call, as (source
+        block id, destination block id), and their endpoints (each copy's source, then its destination).
+
+        With sub-block hits, a hit ending inside a block is copied to a block
+        of the request's own before the request writes there (copy on write),
+        and a state a request cached inside the block it goes on writing is
+        copied to the block the cache keeps instead.  Each endpoint holds one
+        reference until the caller frees the endpoints, once the copies have
+        run (:meth:`free_retained_blocks`, or :meth:`free_popped_blocks` with
+        the list reversed, as a deferred free).
+        """
+        pairs = self.coordinator.take_pending_copies()
+        retained = [block for pair in pairs for block in pair]
+        for block in retained:
+            self._popped[block.block_id] = self._popped.get(block.block_id, 0) + 1
+        return [(source.block_id, copy.block_id) for source, copy in pairs], retained
+
+    def free_retained_blocks(self, blocks: Sequence[KVBlock]) -> None:
+        """Release the endpoints of block copies from :meth:`take_block_copies`, in the order given."""
+        self.free_popped_blocks(list(reversed(blocks)))
+
     def new_step_starts(self) -> None:
         """A scheduler step begins: an align-mode Mamba group may now hit the states cached in the last one."""
         self.coordinator.new_step_starts()
@@ -282,6 +306,9 @@ class KVCacheManager:
             holders[block_id] += count
         for manager in self.coordinator.managers:
             manager.check_invariants()
+            for pair in manager.pending_copies:
+                for block in pair:
+                    holders[block.block_id] += 1
             for table in manager.req_to_blocks.values():
                 for block in table:
                     if not block.is_null:
@@ -289,7 +316,7 @@ class KVCacheManager:
         for block_id, count in holders.items():
             ref_cnt = self.block_pool.blocks[block_id].ref_cnt
             assert ref_cnt == count, (
-                f"block {block_id}: ref_cnt={ref_cnt} but {count} table slots and deferred frees hold it"
+                f"block {block_id}: ref_cnt={ref_cnt} but {count} table slots, deferred frees and copies hold it"
             )
 
 

@@ -161,6 +161,16 @@ def free_queue_well_formed(check: StepCheck) -> None:
             _fail(check, "free_queue_well_formed", f"block {block_id} has ref_cnt {ref_cnt} and is {where}")
 
 
+def has_partial_keys(config: TargetConfig, group_id: int) -> bool:
+    """Whether group ``group_id`` may cache a block under a hash boundary inside it (a partial key): a
+    full-attention group with blocks larger than the hashes (the prompt's last boundary), and an
+    align-mode Mamba group with sub-block hits (the state there)."""
+    kind = config.groups[group_id].kind
+    if config.group_block_size(group_id) == config.hash_size:
+        return False
+    return kind in FULL_HIT_KINDS or (kind == "mamba_align" and config.partial_hits)
+
+
 def cache_map_consistent(check: StepCheck) -> None:
     """Every prefix-cache entry points to a block whose hash is that key, every hashed block is
     in the map, and every key covers whole blocks (and the lookahead tokens hashes cover).
@@ -183,8 +193,8 @@ def cache_map_consistent(check: StepCheck) -> None:
     for group_id, prefix, block_id in sorted(from_map, key=repr):
         covered = len(prefix) - lookahead
         block_size = config.group_block_size(group_id)
-        # A partial key (a full-attention group's, blocks larger than the hashes) ends on a hash boundary.
-        partial = config.groups[group_id].kind in FULL_HIT_KINDS and hash_size != block_size
+        # A partial key (blocks larger than the hashes) ends on a hash boundary.
+        partial = has_partial_keys(config, group_id)
         unit = hash_size if partial else block_size
         if covered <= 0 or covered % unit:
             after = f" and the {lookahead} tokens after them" if lookahead else ""
@@ -256,7 +266,7 @@ def _check_stored_event(check: StepCheck, index: int, event: StoredEvent) -> Non
 
     # A partial entry's store speaks of the one hash unit ending at its boundary.
     sizes = {group_block_size}
-    if config.groups[event.group].kind in FULL_HIT_KINDS:
+    if has_partial_keys(config, event.group):
         sizes.add(config.hash_size)
     if event.block_size not in sizes:
         bad(f"says blocks of {event.block_size} tokens, not {' or '.join(map(str, sorted(sizes)))}")
@@ -577,11 +587,24 @@ def lru_eviction_when_caching_on(check: StepCheck) -> None:
         _same_reuse_order(check, "lru_eviction_when_caching_on")
 
 
+def _same_block_copies(check: StepCheck) -> None:
+    if check.sut_result.block_copies != check.model_result.block_copies:
+        _fail(
+            check,
+            "tables_match_model",
+            "the block copies the step queued differ",
+            check.model_result.block_copies,
+            check.sut_result.block_copies,
+        )
+
+
 def tables_match_model(check: StepCheck) -> None:
-    """Every request's table in every group is the one the model predicts (null blocks included).
+    """Every request's table in every group is the one the model predicts (null blocks included), and
+    so are the block copies a step queues (source and destination).
 
     Guards: a sliding-window or chunked-local skip off by one block; blocks
-    not freed at preemption."""
+    not freed at preemption; a copy on write from or into the wrong block."""
+    _same_block_copies(check)
     if check.sut.deferred_frees != check.model.deferred_frees:
         _fail(
             check,
@@ -681,6 +704,65 @@ def hit_block_never_written(check: StepCheck) -> None:
             )
 
 
+def block_copies_well_formed(check: StepCheck) -> None:
+    """Every block copy a step queues copies a block the prefix cache shares into a block of the
+    request's own: for a waiting request's hit ending inside a group's block, from that hit block into
+    the block its table now holds there; otherwise (a state the running request cached inside the block
+    it goes on writing) from a block its table still holds into a block no table holds, which the cache
+    keeps instead (under keys the source no longer has).  A copy's two blocks differ and are not null.
+    Model-free.
+
+    Guards: a copy into a block a table still shares; a copy whose source is not the shared block; a
+    state's cache entry left on the block its request overwrites."""
+    result = check.sut_result
+    if not result.block_copies:
+        return
+    request_id = getattr(check.op, "request_id", None)
+    tables = check.sut.tables.get(request_id, ())
+    held = {block for table in tables for block in table if block}
+    held_by_any = {block for groups in check.sut.tables.values() for table in groups for block in table if block}
+    hit_sources: dict[int, int] = {}
+    if result.hit_length and result.hit_block_ids is not None:
+        for group_id, hit in enumerate(result.hit_block_ids):
+            block_size = check.config.group_block_size(group_id)
+            position = result.hit_length // block_size
+            if result.hit_length % block_size and position < len(hit) and hit[position]:
+                destination = (
+                    tables[group_id][position] if group_id < len(tables) and position < len(tables[group_id]) else 0
+                )
+                hit_sources[hit[position]] = destination
+    for source, destination in result.block_copies:
+        if not source or not destination or source == destination:
+            _fail(check, "block_copies_well_formed", f"copy {source} -> {destination} is not between two blocks")
+        if source in hit_sources:
+            if hit_sources[source] != destination:
+                _fail(
+                    check,
+                    "block_copies_well_formed",
+                    f"request {request_id}'s hit block {source} is copied into block {destination}, not the block "
+                    "its table holds where the hit ends",
+                    hit_sources[source],
+                    destination,
+                )
+            continue
+        if source not in held:
+            _fail(
+                check,
+                "block_copies_well_formed",
+                f"copy {source} -> {destination} of request {request_id}: the source is neither its hit's shared "
+                "block nor a block of its table",
+            )
+        keys = check.sut.block_cache_keys
+        shared_keys = set(keys.get(source, ())) & set(keys.get(destination, ()))
+        if destination in held_by_any or shared_keys:
+            _fail(
+                check,
+                "block_copies_well_formed",
+                f"request {request_id}'s block {source} is copied into block {destination} for the cache to keep, "
+                f"but a table holds the copy or both are cached under {sorted(shared_keys, key=repr)}",
+            )
+
+
 Invariant = Callable[[StepCheck], None]
 
 ALL_INVARIANTS: tuple[Invariant, ...] = (
@@ -697,6 +779,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     mamba_align_keeps_few_states,
     in_flight_blocks_held,
     hit_block_never_written,
+    block_copies_well_formed,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,
@@ -723,6 +806,7 @@ def check_results(
     check = StepCheck(step, op, config, sut_result, model_result, NOT_OBSERVED, NOT_OBSERVED)
     admission_matches_model(check)
     hit_is_sound_and_maximal(check)
+    _same_block_copies(check)
     if sut_result.new_block_ids != model_result.new_block_ids:
         invariant = "lru_eviction_when_caching_on" if config.enable_caching else "lifo_head_reuse_when_caching_off"
         _fail(check, invariant, "newly allocated blocks differ", model_result.new_block_ids, sut_result.new_block_ids)

@@ -92,7 +92,8 @@ class ManagerModel:
         self.block_size = config.block_size
         self.block_sizes = config.block_sizes
         self.hash_size = config.hash_size
-        self.alignment = config.scheduler_block_size
+        self.alignment = config.hit_alignment
+        self.partial_hits = config.partial_hits
         self.groups = config.groups
         self.events: list[CacheEvent] | None = [] if config.enable_kv_cache_events else None
         self.pool = PoolModel(config.num_blocks, config.enable_caching, self.events)
@@ -136,6 +137,13 @@ class ManagerModel:
         self.mamba_allocated: set[tuple[str, int]] = set()
         """The (request, align-mode Mamba group) pairs that have had an allocation since the request was
         last freed: their next allocations take no speculative blocks and move them instead."""
+        self.copy_pending: dict[tuple[str, int], tuple[int, int]] = {}
+        """(request, group) -> (position, block): a shared block the request's table holds where it writes
+        next (a hit ending inside the block, or a state it cached inside the block it goes on writing),
+        copied by the next allocation."""
+        self.step_copies: list[tuple[int, int]] = []
+        """The block copies (source, destination) the allocation of the current step queued."""
+        self._num_copy_holds = 0
 
     # -- reading --------------------------------------------------------------
 
@@ -172,6 +180,8 @@ class ManagerModel:
         request.shared_prefix_boundary = 0
         if all(group.kind in UNCACHED_KINDS for group in self.groups):
             return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
+        if self.partial_hits:
+            return self._sub_block_hit(request_id)
         if self.config.drop_group_ids:
             hit_tokens, longest = self.eagle_hit_tokens(request_id)
         else:
@@ -188,6 +198,115 @@ class ManagerModel:
             assert None not in blocks
             found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
         return hit_tokens, tuple(found)
+
+    def _sub_block_hit(self, request_id: str) -> tuple[int, GroupIds]:
+        """The hit with sub-block hits on (no drafter), as vLLM 0.33.0's hybrid lookup finds it.
+
+        Groups of one spec are looked up together, full attention first;
+        each lowers the candidate (at first the ``num_tokens - 1`` cap) to
+        the longest hit it accepts within it, until none lowers it (one pass
+        for full attention and one other spec).  Full attention takes its
+        run of whole cached blocks, then the last hash boundary cached inside
+        the next block (within the cap), and accepts any candidate below
+        that; it is looked up once.  An align-mode Mamba group accepts a hash
+        boundary whose state is cached; a group hashed at its block size
+        accepts a block boundary whose blocks it has.  A full-attention hit
+        ending inside a block takes the block cached at the boundary found
+        inside it, even when the hit ends below that boundary."""
+        request = self.requests[request_id]
+        hash_size = self.hash_size
+        hashed = self.num_hashed_tokens(request_id)
+        cap = len(request.tokens) - 1
+        order = self.lookup_order
+        one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
+        inner: dict[int, tuple[int, int]] = {}  # full-attention group -> (position, block) found inside a block
+        full_hits: dict[GroupSpec, int] = {}
+        longest = 0
+        candidate = cap
+        while True:
+            current = candidate
+            for spec, group_ids in order:
+                if spec in full_hits:
+                    current = min(current, full_hits[spec])
+                    continue
+                if spec.kind in FULL_HIT_KINDS:
+                    found = self._full_sub_block_hit(request_id, group_ids, current, inner)
+                    full_hits[spec] = found
+                else:
+                    step = hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
+                    found = next(
+                        (
+                            t
+                            for t in range(min(current, hashed) // step * step, 0, -step)
+                            if all(self._accepts_tokens(request_id, g, t) for g in group_ids)
+                        ),
+                        0,
+                    )
+                current = found
+                longest = max(longest, found)
+            if current >= candidate or one_pass:
+                hit_tokens = min(current, candidate)
+                break
+            candidate = current
+        request.shared_prefix_boundary = longest if longest > hit_tokens else 0
+        found_ids = []
+        for group_id, group in enumerate(self.groups):
+            block_size = self.block_sizes[group_id]
+            if group.kind in UNCACHED_KINDS or hit_tokens == 0:
+                found_ids.append(())
+            elif group.kind == "mamba_align":
+                state = self.pool.lookup((group_id, self.prefix_to(request_id, hit_tokens)))
+                assert state is not None
+                found_ids.append((NULL,) * (ceil_div(hit_tokens, block_size) - 1) + (state,))
+            elif group.kind in FULL_HIT_KINDS:
+                blocks = [
+                    inner[group_id][1]
+                    if inner.get(group_id, (-1,))[0] == p
+                    else self.pool.lookup((group_id, self.prefix(request_id, p, group_id)))
+                    for p in range(ceil_div(hit_tokens, block_size))
+                ]
+                assert None not in blocks
+                found_ids.append(tuple(b for b in blocks if b is not None))
+            else:
+                needed = needed_positions(group, hit_tokens // block_size, block_size)
+                blocks = [self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) for p in needed]
+                assert None not in blocks
+                found_ids.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
+        return hit_tokens, tuple(found_ids)
+
+    def _full_sub_block_hit(
+        self, request_id: str, group_ids: list[int], limit: int, inner: dict[int, tuple[int, int]]
+    ) -> int:
+        """A full-attention spec group's sub-block hit within ``limit`` tokens: its whole cached blocks from
+        the first on, then the last hash boundary cached inside the next block (recorded in ``inner``)."""
+        block_size = self.block_sizes[group_ids[0]]
+        hash_size = self.hash_size
+        hashed = self.num_hashed_tokens(request_id)
+        whole = 0
+        while whole < min(limit, hashed) // block_size and all(
+            self.pool.lookup((g, self.prefix(request_id, whole, g))) is not None for g in group_ids
+        ):
+            whole += 1
+        hit = whole * block_size
+        if block_size % hash_size or block_size == hash_size:
+            return hit
+        top = min(hit + block_size - hash_size, limit // hash_size * hash_size, hashed)
+        for boundary in range(top, hit, -hash_size):
+            blocks = [self.pool.lookup((g, self.prefix_to(request_id, boundary))) for g in group_ids]
+            if None not in blocks:
+                for g, block in zip(group_ids, blocks):
+                    assert block is not None
+                    inner[g] = (whole, block)
+                return boundary
+        return hit
+
+    def _accepts_tokens(self, request_id: str, group_id: int, num_tokens: int) -> bool:
+        """Group ``group_id`` (not full attention) has what a hit of ``num_tokens`` tokens needs: an
+        align-mode Mamba group the state at that hash boundary; another its blocks before that block
+        boundary."""
+        if self.groups[group_id].kind == "mamba_align":
+            return self.pool.lookup((group_id, self.prefix_to(request_id, num_tokens))) is not None
+        return self.accepts(request_id, group_id, num_tokens // self.block_sizes[group_id])
 
     def decode_ready(self) -> list[str]:
         """Running requests whose every token but the last is computed: a speculative step may run."""
@@ -410,7 +529,30 @@ class ManagerModel:
             new_block_ids=new_ids,
             num_external_tokens=external,
             num_slots=slots,
+            block_copies=self._release_copies(),
         )
+
+    def _release_copies(self) -> tuple[tuple[int, int], ...]:
+        """The step's block copies; their endpoints (each copy's source, then its destination) are
+        released once the copies have run: at once, or with deferred frees once the step is processed."""
+        copies, self.step_copies = tuple(self.step_copies), []
+        if not copies:
+            return copies
+        key = ("copies", self._num_copy_holds)
+        self._num_copy_holds += 1
+        endpoints = self.pool.holders.pop(("copies", "step"))
+        if self.pipeline.defer_block_free:
+            # Deferred frees are released last block first: the endpoints are kept reversed.
+            self.pool.holders[key] = endpoints[::-1]
+            self.pipeline.defer_free(key)
+        else:
+            self.pool.release(endpoints)
+        return copies
+
+    def _copy_pending_block(self, rid: str, group_id: int, position: int, source: int, copy: int) -> None:
+        """Queue the copy of ``source`` into ``copy``; each holds one more reference until it is run."""
+        self.step_copies.append((source, copy))
+        self.pool.holders.setdefault(("copies", "step"), []).extend((source, copy))
 
     def _allocate(
         self,
@@ -465,6 +607,12 @@ class ManagerModel:
                 table = self.table(rid, group_id)
                 table.extend([NULL] * num_skipped + kept_hits)
                 self.num_cached[(rid, group_id)] = len(table)
+                block_size = self.block_sizes[group_id]
+                if self._hit_ends_inside_block(kept_hits, total_computed, block_size):
+                    # The shared block is copied to one of the request's own before it writes there.
+                    position = total_computed // block_size
+                    self.copy_pending[(rid, group_id)] = (position, kept_hits[-1])
+                    self.num_cached[(rid, group_id)] = position
             for group_id, group in enumerate(self.groups):
                 if external > 0 and (
                     group.kind == "ring"
@@ -494,17 +642,22 @@ class ManagerModel:
         count, vLLM 0.33.0 sums it) when its table reaches past them."""
         taken = 0
         for group_id, group in enumerate(self.groups):
+            block_size = self.block_sizes[group_id]
+            copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed, block_size)
             if group.kind == "mamba_align":
                 hit = hit_ids[group_id] if waiting else ()
                 taken += sum(1 for b in hit if b in self.pool.free_order)
                 wanted = self._slot_blocks(rid, group_id, num_tokens if main is None else main)
                 most = 1 if (rid, group_id) in self.mamba_allocated else 1 + group.speculative_blocks
-                taken += min(most, wanted - len(hit) - len(self.table(rid, group_id)))
+                copies = copies or (rid, group_id) in self.copy_pending
+                num_new = wanted - len(hit) - len(self.table(rid, group_id))
+                if copies:
+                    num_new = max(num_new, 0) + 1
+                taken += min(num_new, most + copies)
                 continue
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
                 continue
-            block_size = self.block_sizes[group_id]
             required = group.slot_blocks(num_tokens, block_size)
             limit = self._admission_cap(group, self.config.spec_block_size(group_id)) if cap else None
             if limit is not None:
@@ -515,8 +668,13 @@ class ManagerModel:
                 kept_hits = hit_ids[group_id][num_skipped:]
                 taken += sum(1 for b in kept_hits if b in self.pool.free_order)
                 length_before_growth = max(num_skipped, len(hit_ids[group_id]))
-            taken += max(0, required - length_before_growth)
+            taken += max(0, required - length_before_growth) + copies
         return taken
+
+    def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:
+        """Whether a waiting request's hit in a group ends inside one of its blocks (only with sub-block
+        hits, where no tokens are loaded: ``hit_tokens`` is then the hit)."""
+        return self.partial_hits and bool(hit) and hit_tokens % block_size != 0
 
     def _admission_cap(self, group: GroupSpec, block_size: int) -> int | None:
         """Blocks a request of ``group`` holds at once with the configured tokens in flight (``None``:
@@ -582,9 +740,16 @@ class ManagerModel:
         )
         if self.groups[group_id].kind == "mamba_align" and not loaded:
             return self._grow_states(rid, group_id, wanted)
+        copied = []
+        pending = None if loaded else self.copy_pending.pop((rid, group_id), None)
+        if pending is not None:
+            position, source = pending
+            copied = self.pool.take_free(1)
+            table[position] = copied[0]
+            self._copy_pending_block(rid, group_id, position, source, copied[0])
         added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
-        return added
+        return copied + added
 
     def _grow_states(self, rid: str, group_id: int, wanted: int) -> list[int]:
         """An align-mode Mamba table grown to ``wanted`` blocks: null blocks up to the last slot's position,
@@ -593,7 +758,8 @@ class ManagerModel:
         ``wanted``.  The padding, the moved blocks and the new ones."""
         table = self.table(rid, group_id)
         key = (rid, group_id)
-        if wanted <= len(table):
+        pending = self.copy_pending.pop(key, None)
+        if wanted <= len(table) and pending is None:
             self.mamba_allocated.add(key)
             return []
         before = len(table)
@@ -604,9 +770,21 @@ class ManagerModel:
             for position in range(before - speculative, min(before, last_state)):
                 table.append(table[position])
                 table[position] = NULL
-        table.extend(self.pool.take_free(max(0, wanted - len(table))))
+        new = self.pool.take_free(max(0, wanted - len(table)) + (pending is not None))
+        added = table[before:]
+        if pending is not None:
+            position, source = pending
+            copy, new = new[0], new[1:]
+            self._copy_pending_block(rid, group_id, position, source, copy)
+            if key in self.mamba_allocated:
+                # The request goes on writing its block: the cache keeps the copy instead.
+                self.pool.move_keys(source, copy)
+            else:
+                table[position] = copy
+                added.insert(0, copy)
+        table.extend(new)
         self.mamba_allocated.add(key)
-        return table[before:]
+        return added + new
 
     def _release_skipped(self, rid: str, group_id: int, total_computed: int) -> None:
         table = self.pool.holders.get((rid, group_id))
@@ -638,6 +816,8 @@ class ManagerModel:
         reprefillable = self.config.num_reprefillable_tokens
         if len(self.groups) == 1:
             return max(0, num_tokens - reprefillable)
+        if self.partial_hits:
+            return num_tokens  # a copy's block would otherwise be cached again at a boundary inside it
         align = self.alignment
         if group_id in self.dropping_group_ids and num_tokens >= align:
             finalized = max(0, num_tokens - reprefillable)
@@ -714,18 +894,27 @@ class ManagerModel:
 
     def _recache_prompt_state(self, rid: str, group_id: int, num_tokens: int) -> None:
         """An align-mode Mamba group enters the state at the prompt's last hash boundary short of its
-        last token (of the hash lookahead) again, when ``num_tokens`` is that boundary and the state's
-        block lost its key (evicted while held)."""
+        last token (of the hash lookahead) when ``num_tokens`` is that boundary and the state's block is
+        not cached there: again after it lost its key (evicted while held), or, with sub-block hits,
+        inside the block.  The request goes on writing that block: its next allocation copies it to a
+        block that takes its cache entry."""
         request = self.requests[rid]
         hash_size = self.hash_size
         lookahead = max(1, self.config.num_hash_lookahead_tokens)
         boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_size * hash_size)
         table = self.table(rid, group_id)
         position = ceil_div(num_tokens, self.block_sizes[group_id]) - 1
-        if num_tokens != boundary or boundary == 0 or position >= len(table) or table[position] in self.pool.cache:
+        if num_tokens != boundary or boundary == 0 or position >= len(table) or table[position] == NULL:
             return
-        if self.pool.add_key(table[position], (group_id, self.prefix_to(rid, boundary))) and self.events is not None:
+        key = (group_id, self.prefix_to(rid, boundary))
+        block = table[position]
+        if self.pool.cache.get(block) == key:
+            return
+        if self.pool.add_key(block, key) and self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, boundary))
+        if boundary % self.block_sizes[group_id]:
+            self.copy_pending[(rid, group_id)] = (position, block)
+            self.num_cached[(rid, group_id)] = position
 
     def _boundary_event(self, rid: str, group_id: int, boundary: int) -> StoredEvent:
         """The event of entering a block under the key of the hash boundary after ``boundary`` tokens."""
@@ -816,6 +1005,7 @@ class ManagerModel:
                 table = self.pool.holders.pop((rid, group_id), [])
                 self.num_cached.pop((rid, group_id), None)
                 self.mamba_allocated.discard((rid, group_id))
+                self.copy_pending.pop((rid, group_id), None)
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
             if popped:
@@ -832,6 +1022,7 @@ class ManagerModel:
             table = self.pool.holders.pop((rid, group_id), [])
             self.num_cached.pop((rid, group_id), None)
             self.mamba_allocated.discard((rid, group_id))
+            self.copy_pending.pop((rid, group_id), None)
             self.pool.release(reversed(table))
 
     def _preempt(self, rid: str) -> None:

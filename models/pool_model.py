@@ -20,6 +20,8 @@ class PoolModel:
     - ``cache``: cached block id -> its own key, in the order blocks were cached.
     - ``more_keys``: cached block id -> the partial keys it has besides (a
       prompt's last hash boundary inside it), in the order entered.
+    - ``key_blocks``: each key -> the blocks entered under it, in the order
+      entered; a lookup returns the first.
 
     A block's reference count is not stored: it is the number of holder
     slots that name it.
@@ -35,6 +37,7 @@ class PoolModel:
         self.holders: dict[Hashable, list[int]] = {}
         self.cache: dict[int, CacheKey] = {}
         self.more_keys: dict[int, list[CacheKey]] = {}
+        self.key_blocks: dict[CacheKey, list[int]] = {}
         self.events = events
 
     def ref_counts(self) -> dict[int, int]:
@@ -51,12 +54,9 @@ class PoolModel:
         return own + [(key, block_id) for block_id, keys in self.more_keys.items() for key in keys]
 
     def lookup(self, key: CacheKey) -> int | None:
-        """The block a hit on ``key`` returns: the earliest cached one still cached.  (Only whole-block
-        keys are looked up, and a block has one only as its own key.)"""
-        for block_id, block_key in self.cache.items():
-            if block_key == key:
-                return block_id
-        return None
+        """The block a hit on ``key`` returns: the earliest entered under it that still is."""
+        blocks = self.key_blocks.get(key)
+        return blocks[0] if blocks else None
 
     def take_free(self, n_blocks: int) -> list[int]:
         """Hand out the first ``n_blocks`` free blocks; a cached one loses its cache entry."""
@@ -97,6 +97,7 @@ class PoolModel:
             return
         self._uncache(block_id)
         self.cache[block_id] = key
+        self.key_blocks.setdefault(key, []).append(block_id)
 
     def add_key(self, block_id: int, key: CacheKey) -> bool:
         """Enter the block under a partial key too (its own key, if it has none); whether it is new.  A
@@ -111,7 +112,23 @@ class PoolModel:
             self.more_keys.setdefault(block_id, []).append(key)
         else:
             self.cache[block_id] = key
+        self.key_blocks.setdefault(key, []).append(block_id)
         return True
+
+    def move_keys(self, source: int, destination: int) -> None:
+        """Enter ``destination`` (cached under no key) under every key ``source`` has, in its place: the
+        cache keeps a copy of a block its request goes on writing.  No event: the entries stay."""
+        key = self.cache.pop(source, None)
+        if key is None:
+            return
+        keys = [key, *self.more_keys.pop(source, ())]
+        for moved in keys:
+            blocks = self.key_blocks[moved]
+            blocks.remove(source)
+            blocks.append(destination)
+        self.cache[destination] = key
+        if len(keys) > 1:
+            self.more_keys[destination] = keys[1:]
 
     def evict(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
@@ -122,6 +139,7 @@ class PoolModel:
             return False
         self.cache.clear()
         self.more_keys.clear()
+        self.key_blocks.clear()
         if self.events is not None:
             self.events.append(ClearedEvent())
         return True
@@ -132,5 +150,10 @@ class PoolModel:
         if key is None:
             return
         keys = [key, *self.more_keys.pop(block_id, ())]
+        for dropped in keys:
+            blocks = self.key_blocks[dropped]
+            blocks.remove(block_id)
+            if not blocks:
+                del self.key_blocks[dropped]
         if self.events is not None:
             self.events.extend(RemovedEvent(*k) for k in keys)

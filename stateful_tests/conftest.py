@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from kvcheck.stateful_tests.coverage import GROUP_LAYOUTS
 from kvcheck.stateful_tests.profiles import register_profiles
 from kvcheck.targets import component_allocators
 
 
 def pytest_configure(config: pytest.Config) -> None:
     register_profiles(config.getoption("hypothesis_profile", default=None))
-
-
-GROUP_LAYOUTS: tuple[int | None, ...] = (None, 2, 3, 4)
-"""Group counts the manager machine runs with when --groups is not given: drawn from 1 to 4
-per run, then 2, 3 and 4 fixed, so every hybrid width gets its own full example budget."""
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -27,7 +23,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if groups is not None and not 1 <= groups <= 8:
         raise pytest.UsageError(f"--groups={groups}: must be between 1 and 8")
     layouts = GROUP_LAYOUTS if groups is None else (groups,)
-    ids = ["groups-1-to-4" if n is None else f"groups-{n}" for n in layouts]
+    ids = ["groups-1-to-4" if n is None else f"layout-{n}" if isinstance(n, str) else f"groups-{n}" for n in layouts]
     metafunc.parametrize("num_groups", layouts, ids=ids)
 
 

@@ -55,6 +55,8 @@ SHARED_PREFIX_RECORDED = "lookup found a shared prefix past the hit under a rete
 CONTEXT_PARALLEL_HIT = "prefix hit on blocks sharded over decode context parallel ranks"
 MAMBA_ALIGN_HIT = "prefix hit on an align-mode Mamba state"
 MAMBA_ALIGN_PADDED = "align-mode Mamba step padded null blocks before its new state"
+SUB_BLOCK_HIT_COPIED = "hit ending inside a block copied on write"
+STATE_COPIED_FOR_CACHE = "Mamba state cached inside a block copied for the cache"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -87,14 +89,38 @@ ALL_LABELS = (
     CONTEXT_PARALLEL_HIT,
     MAMBA_ALIGN_HIT,
     MAMBA_ALIGN_PADDED,
+    SUB_BLOCK_HIT_COPIED,
+    STATE_COPIED_FOR_CACHE,
 )
 
 
-def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
-    """The labels a run can reach when its layouts have ``num_groups`` groups (``None``: drawn from
-    1 to 4): a hit across all groups (or across MLA and full attention) needs two groups at least, as
-    does a shared prefix one group cached past the hit, and cross-attention sits beside the decoder's
-    self-attention."""
+GROUP_LAYOUTS: tuple[int | str | None, ...] = (None, 2, 3, 4, "mamba")
+"""Group counts the manager machine runs with when --groups is not given: drawn from 1 to 4
+per run, then 2, 3 and 4 fixed, so every hybrid width gets its own full example budget; then
+Mamba layouts alone (full attention beside Mamba groups, or Mamba alone), whose states, in both
+cache modes and in blocks larger than the hashes, get a budget of their own."""
+
+MAMBA_LABELS = (
+    MAMBA_STATE_FREED,
+    MAMBA_SPECULATIVE_REFUSED,
+    MAMBA_ALIGN_HIT,
+    MAMBA_ALIGN_PADDED,
+    SUB_BLOCK_HIT_COPIED,
+    STATE_COPIED_FOR_CACHE,
+)
+"""The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
+
+
+def reachable_labels(num_groups: int | str | None) -> tuple[str, ...]:
+    """The labels a run must reach when its layouts have ``num_groups`` groups (``None``: drawn from
+    1 to 4), or are all of the layout ``num_groups`` names.  A run of Mamba layouts (``"mamba"``)
+    must reach the Mamba labels, which the others are spared (Mamba layouts are a few of their
+    draws).  A hit across all groups (or across MLA and full attention) needs two groups at least,
+    as does a shared prefix one group cached past the hit, and cross-attention sits beside the
+    decoder's self-attention."""
+    if num_groups == "mamba":
+        return MAMBA_LABELS
+    general = tuple(label for label in ALL_LABELS if label not in MAMBA_LABELS)
     if num_groups == 1:
         multi_group = (
             HIT_ACROSS_ALL_GROUPS,
@@ -104,12 +130,18 @@ def reachable_labels(num_groups: int | None) -> tuple[str, ...]:
             PARTIAL_ENTRY_CACHED,
             SHARED_PREFIX_RECORDED,
         )
-        return tuple(label for label in ALL_LABELS if label not in multi_group)
-    return ALL_LABELS
+        return tuple(label for label in general if label not in multi_group)
+    return general
+
+
+def labels_required(layouts: tuple[int | str | None, ...]) -> tuple[str, ...]:
+    """The labels runs of the given layouts (see :func:`reachable_labels`) must reach between them."""
+    required = {label for layout in layouts for label in reachable_labels(layout)}
+    return tuple(label for label in ALL_LABELS if label in required)
 
 
 LABELS_SEEN: Counter[str] = Counter()
-"""Every label reached in this process, for the test that all of them are."""
+"""Every label reached in this process (each machine run checks those it added)."""
 
 
 @attrs.define
@@ -309,6 +341,8 @@ def step_labels(
         aligned = [new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"]
         if any(0 in ids for ids in aligned):
             labels.append(MAMBA_ALIGN_PADDED)
+    if result.block_copies:
+        labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

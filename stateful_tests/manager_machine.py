@@ -28,7 +28,7 @@ from kvcheck.targets import TargetFactory
 
 
 def manager_machine(
-    make_target: TargetFactory, num_groups: int | None = None, check: bool = True, drafter_and_async: bool = True
+    make_target: TargetFactory, num_groups: int | str | None = None, check: bool = True, drafter_and_async: bool = True
 ) -> type[RuleBasedStateMachine]:
     """A state machine class driving ``make_target`` and the model in lockstep.
 

@@ -60,7 +60,7 @@ def search_settings(base: settings | None = None, seed: int | None = None) -> se
 
 def run_manager_machine(
     make_target: TargetFactory,
-    num_groups: int | None = None,
+    num_groups: int | str | None = None,
     base: settings | None = None,
     seed: int | None = None,
 ) -> None:

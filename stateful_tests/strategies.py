@@ -15,17 +15,23 @@ TOKEN_ALPHABET = 3
 
 
 def target_configs(
-    num_groups: int | None = None, full_pool: bool = False, caching: bool | None = None, drafter_and_async: bool = True
+    num_groups: int | str | None = None,
+    full_pool: bool = False,
+    caching: bool | None = None,
+    drafter_and_async: bool = True,
 ) -> st.SearchStrategy[TargetConfig]:
-    """Configurations of :func:`kvcheck.config_space.random_config`, drawn from a seed.
+    """Configurations of :func:`kvcheck.config_space.random_config`, drawn from a seed (``num_groups``
+    fixes the group count, or names the layout of every draw, such as ``"mamba"``).
 
     Hypothesis draws the seed, not the fields: a mutated seed is a wholly
     different configuration, so one run of a few hundred examples visits
     many layouts instead of variations of a few.  Configurations are shrunk
     by kvcheck's trace shrinker, which simplifies groups, pool and windows.
     """
+    layout = num_groups if isinstance(num_groups, str) else None
+    count = None if isinstance(num_groups, str) else num_groups
     return st.integers(0, 2**32 - 1).map(
-        lambda seed: random_config(random.Random(seed), num_groups, full_pool, caching, drafter_and_async)
+        lambda seed: random_config(random.Random(seed), count, full_pool, caching, drafter_and_async, layout=layout)
     )
 
 

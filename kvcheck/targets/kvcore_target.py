@@ -123,6 +123,12 @@ class KvcoreTarget(SchedulerDrivenTarget):
     def _free_popped(self, popped: list[Any]) -> None:
         self.manager.free_popped_blocks(popped)
 
+    def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
+        return self.manager.take_block_copies()
+
+    def _free_retained(self, blocks: list[Any]) -> None:
+        self.manager.free_retained_blocks(blocks)
+
     def _new_step_starts(self) -> None:
         self.manager.new_step_starts()
 

@@ -98,6 +98,15 @@ class SchedulerDrivenTarget:
         """Return blocks from :meth:`_pop_blocks_for_free` to the pool, tail first, as the scheduler does."""
         raise NotImplementedError
 
+    def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
+        """The block copies the step queued, as (source, destination) block ids, and their endpoints
+        (each copy's source, then its destination), held until :meth:`_free_retained` (none by default)."""
+        return [], []
+
+    def _free_retained(self, blocks: list[Any]) -> None:
+        """Release the endpoints of run block copies, in the order given."""
+        raise NotImplementedError
+
     def _new_step_starts(self) -> None:
         """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
 
@@ -272,7 +281,24 @@ class SchedulerDrivenTarget:
             new_block_ids=self._block_ids(new_blocks),
             num_external_tokens=amounts.num_external_tokens,
             num_slots=num_slots,
+            block_copies=self._release_copies(),
         )
+
+    def _release_copies(self) -> tuple[tuple[int, int], ...]:
+        """Take the step's block copies and release their endpoints as vLLM's scheduler does once the
+        step is scheduled: at once, or with deferred frees once the step is processed (a deferred free
+        is released last block first, so the endpoints go in reversed)."""
+        copies, retained = self._take_block_copies()
+        if retained:
+            if self.pipeline.defer_block_free:
+                self.pipeline.defer_free(self._deferred_retained(retained))
+            else:
+                self._free_retained(retained)
+        return tuple(copies)
+
+    def _deferred_retained(self, blocks: list[Any]) -> list[Any]:
+        """The endpoints of copies as a deferred free holds them: reversed, as it frees last block first."""
+        return blocks[::-1]
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """Schedule the last token and the drafts, then roll back the rejected drafts and append the

@@ -351,6 +351,14 @@ class VllmTarget(SchedulerDrivenTarget):
         # As the scheduler drains a deferred free: tail first.
         self.pool.free_blocks(reversed(popped))
 
+    def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        return [(copy.src_block_id, copy.dst_block_id) for copy in copies], retained
+
+    def _free_retained(self, blocks: list[Any]) -> None:
+        # As the scheduler releases the endpoints of copies it does not defer: in the order given.
+        self.pool.free_blocks(blocks)
+
     def _new_step_starts(self) -> None:
         self.manager.new_step_starts()
 

@@ -84,6 +84,12 @@ class SingleTypeManager:
         self.max_admission_blocks: int | None = None
         """The most blocks a request of this group holds at once (groups that free blocks as they go), set
         by the coordinator from ``max_in_flight_tokens``; ``None``: a request may hold a block per slot."""
+        self.partial_hits: dict[str, tuple[int, KVBlock]] = {}
+        """Per request: a shared block its table holds at a position where it writes next (a hit ending
+        inside the block), to be copied to a block of its own by the next allocation."""
+        self.pending_copies: list[tuple[KVBlock, KVBlock]] = []
+        """Block copies (source, destination) the worker must run before the step's writes, not yet taken
+        by the caller; each endpoint holds one reference more until the caller releases it."""
 
     # -- the attention type -------------------------------------------------------
 
@@ -123,6 +129,11 @@ class SingleTypeManager:
 
     # -- admission and allocation ---------------------------------------------
 
+    def has_partial_hit(self, new_computed_blocks: Sequence[KVBlock], num_local_computed_tokens: int) -> bool:
+        """Whether a local hit ends inside one of this group's blocks: its last (shared) block is then
+        copied to a block of the request's own before the request writes there."""
+        return bool(new_computed_blocks) and num_local_computed_tokens % self.block_size != 0
+
     def num_blocks_to_allocate(
         self,
         request_id: str,
@@ -130,13 +141,17 @@ class SingleTypeManager:
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """Free blocks this group consumes to give the request ``num_tokens`` slots.
 
         Hit blocks that sit in the free queue with ``ref_cnt == 0`` count as
-        consumed: touching them takes them out of the queue.  With
-        ``apply_admission_cap`` the slots are capped at what a request of a
-        group that frees blocks as it goes holds at once.
+        consumed: touching them takes them out of the queue.  A hit ending
+        inside a block (``num_local_computed_tokens``, by default
+        ``total_computed_tokens``, not a multiple of the block size) needs one
+        block more, for its copy.  With ``apply_admission_cap`` the slots are
+        capped at what a request of a group that frees blocks as it goes holds
+        at once.
         """
         num_required_blocks = ceil_div(num_tokens, self.block_size)
         if apply_admission_cap and self.max_admission_blocks is not None:
@@ -151,6 +166,10 @@ class SingleTypeManager:
         num_evictable_hits = sum(
             1 for block in new_computed_blocks[first_kept_hit:] if block.ref_cnt == 0 and not block.is_null
         )
+        if num_local_computed_tokens is None:
+            num_local_computed_tokens = total_computed_tokens
+        if self.has_partial_hit(new_computed_blocks, num_local_computed_tokens):
+            num_new_blocks += 1
         return num_new_blocks + num_evictable_hits
 
     def add_local_computed_blocks(
@@ -163,7 +182,9 @@ class SingleTypeManager:
         """Put a new request's local hit in its table and take a reference on each hit block.
 
         Hit positions already outside the attention window (counting the
-        external tokens too) become null blocks and are not touched.
+        external tokens too) become null blocks and are not touched.  A hit
+        ending inside a block leaves that block's position uncached (its copy
+        is cached once full) and marks the block for copying.
         """
         table = self.req_to_blocks.setdefault(request_id, [])
         assert not table, f"request {request_id!r} already has blocks in group {self.group_id}"
@@ -175,6 +196,10 @@ class SingleTypeManager:
         table.extend([self.null_block] * num_skipped_blocks)
         table.extend(kept)
         self.num_cached_blocks[request_id] = len(table)
+        if self.has_partial_hit(kept, num_local_computed_tokens):
+            position = num_local_computed_tokens // self.block_size
+            self.partial_hits[request_id] = (position, kept[-1])
+            self.num_cached_blocks[request_id] = position
 
     def allocate_external_computed_blocks(
         self,
@@ -199,14 +224,37 @@ class SingleTypeManager:
         table.extend(self.pool.get_new_blocks(num_new_blocks))
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
-        """Grow the request's table to hold ``num_tokens`` tokens; returns the blocks added."""
+        """Copy a partially hit block to a new block of the request's own (put in its place), then grow
+        the table to hold ``num_tokens`` tokens; returns the copy and the blocks added."""
+        copies = []
+        if request_id in self.partial_hits:
+            position, source = self.partial_hits.pop(request_id)
+            copy = self.pool.get_new_blocks(1)[0]
+            self._copy_on_write(request_id, position, source, copy)
+            copies.append(copy)
         table = self.req_to_blocks.setdefault(request_id, [])
         num_new_blocks = ceil_div(num_tokens, self.block_size) - len(table)
         if num_new_blocks <= 0:
-            return []
+            return copies
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         table.extend(new_blocks)
-        return new_blocks
+        return copies + new_blocks
+
+    def _copy_on_write(self, request_id: str, position: int, source: KVBlock, copy: KVBlock) -> None:
+        """Put ``copy`` in place of the shared ``source`` at ``position`` of the request's table and queue
+        the block copy.  Both keep one reference more until the caller releases the copy's endpoints
+        (the source its hit's, the copy one beside its table slot): nothing can reuse them before the
+        worker has copied."""
+        table = self.req_to_blocks[request_id]
+        assert table[position] is source and not source.is_null and source.ref_cnt > 0
+        table[position] = copy
+        self.pending_copies.append((source, copy))
+        copy.ref_cnt += 1
+
+    def take_pending_copies(self) -> list[tuple[KVBlock, KVBlock]]:
+        """The block copies queued since the last call, (source, destination), oldest first."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     # -- caching and freeing --------------------------------------------------
 
@@ -290,6 +338,7 @@ class SingleTypeManager:
         blocks, still referenced: the caller frees them later (tail first)."""
         table = self.req_to_blocks.pop(request_id, [])
         self.num_cached_blocks.pop(request_id, None)
+        self.partial_hits.pop(request_id, None)
         start = 0
         while start < len(table) and table[start].is_null:
             start += 1

@@ -19,7 +19,10 @@ class FullAttentionManager(SingleTypeManager):
     block sizes), the prompt's last hash boundary short of its last token
     (of its last token, for a group that drops for a drafter) may fall inside
     a block: that block is also entered under the boundary's hash, a
-    *partial* entry, once the tokens up to the boundary are cached.
+    *partial* entry, once the tokens up to the boundary are cached.  With
+    sub-block hits on (an ``alignment`` dividing the block size below it),
+    a hit may go on into the first block not cached whole, up to the last
+    hash boundary inside it that is cached (such a partial entry).
     """
 
     kind = "full"
@@ -46,6 +49,17 @@ class FullAttentionManager(SingleTypeManager):
             for group_blocks, block in zip(hit, cached):
                 group_blocks.append(block)
         hit_length = len(hit[0]) * block_size
+        if alignment is not None and alignment < block_size and block_size % alignment == 0:
+            # Sub-block hits: the hash boundaries inside the first block not cached whole, last first.
+            first = len(hit[0]) * (block_size // alignment)
+            end = min(first + block_size // alignment - 1, max_length // alignment, len(block_hashes))
+            for index in range(end - 1, first - 1, -1):
+                cached = pool.get_cached_block(block_hashes[index], group_ids)
+                if cached is not None:
+                    for group_blocks, block in zip(hit, cached):
+                        group_blocks.append(block)
+                    hit_length = (index + 1) * alignment
+                    break
         if drop_last and hit_length:
             hit_length -= block_size
         hit_length -= hit_length % (alignment or block_size)

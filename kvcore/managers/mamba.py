@@ -41,6 +41,7 @@ class MambaManager(TakesNoHit, SingleTypeManager):
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         return super().num_blocks_to_allocate(
             request_id,
@@ -48,6 +49,7 @@ class MambaManager(TakesNoHit, SingleTypeManager):
             new_computed_blocks,
             total_computed_tokens,
             apply_admission_cap,
+            num_local_computed_tokens,
         )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
@@ -77,6 +79,15 @@ class AlignedMambaManager(MambaManager):
     scheduler step (its state is not computed yet): admission then asks for
     more blocks than the pool has (``num_blocks + 1``), until
     :meth:`new_step_starts`.
+
+    With hashes finer than the blocks and sub-block hits on (the
+    coordinator's ``hit_alignment`` below the block size), the search runs
+    over hash boundaries, and the state at the prompt's last hash boundary
+    is also cached when a step ends there, inside its block, under that
+    boundary's key.  A hit there is copied to a block of the request's own
+    (the base class's copy on write).  The request that cached it goes on
+    writing its block: its next allocation takes a new block, moves the
+    state's cache entry to it and queues the copy into it.
     """
 
     counts_main_model_slots = True
@@ -104,9 +115,18 @@ class AlignedMambaManager(MambaManager):
         alignment: int | None = None,
     ) -> tuple[HitBlocks, int]:
         """The latest cached state at most ``max_length`` tokens in whose end is on ``alignment``: that
-        block, after null blocks, in every group.  (A drafter has no Mamba layers: nothing is dropped.)"""
+        block, after null blocks, in every group; with an alignment dividing the block size below it
+        (sub-block hits), the latest state cached at any hash boundary.  (A drafter has no Mamba layers:
+        nothing is dropped.)"""
         block_size = spec.block_size
         alignment = alignment or block_size
+        if alignment < block_size and block_size % alignment == 0:
+            for index in range(min(max_length // alignment, len(block_hashes)) - 1, -1, -1):
+                cached = pool.get_cached_block(block_hashes[index], group_ids)
+                if cached is not None:
+                    position = index // (block_size // alignment)
+                    return tuple([pool.null_block] * position + [block] for block in cached), (index + 1) * alignment
+            return tuple([] for _ in group_ids), 0
         hashes = block_hashes_at(block_hashes, pool.hash_block_size, block_size)
         for position in range(min(max_length // block_size, len(hashes)) - 1, -1, -1):
             cached = pool.get_cached_block(hashes[position], group_ids)
@@ -122,10 +142,11 @@ class AlignedMambaManager(MambaManager):
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         """At most one new block (and the speculative blocks, on a request's first allocation; none when
-        the slots fit the table), plus hit blocks sitting free; a count below zero when the table already
-        reaches past the slots (vLLM 0.33.0 sums it as it is)."""
+        the slots fit the table; one more for a copy on write), plus hit blocks sitting free; a count
+        below zero when the table already reaches past the slots (vLLM 0.33.0 sums it as it is)."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.pool.num_blocks + 1
         num_new_blocks = (
@@ -133,8 +154,13 @@ class AlignedMambaManager(MambaManager):
             - len(new_computed_blocks)
             - len(self.req_to_blocks.get(request_id, ()))
         )
+        if num_local_computed_tokens is None:
+            num_local_computed_tokens = total_computed_tokens
+        copies = self.has_partial_hit(new_computed_blocks, num_local_computed_tokens) or request_id in self.partial_hits
+        if copies:
+            num_new_blocks = max(num_new_blocks, 0) + 1
         if num_new_blocks > 0:
-            num_new_blocks = min(num_new_blocks, self._most_new_blocks(request_id))
+            num_new_blocks = min(num_new_blocks, self._most_new_blocks(request_id) + copies)
         num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
         return num_new_blocks + num_evictable_hits
 
@@ -151,11 +177,17 @@ class AlignedMambaManager(MambaManager):
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
         """Pad the table with null blocks up to the position of the last slot, move the speculative blocks
         that now fall at or before it to the table's end, and take new blocks up to the table length;
-        returns the padding, the moved blocks and the new ones."""
+        returns the padding, the moved blocks and the new ones.
+
+        A partially hit state (:attr:`partial_hits`) takes a new block first:
+        a new request's table holds that block in place of the shared one (and
+        it comes first in the returned list); the request that cached the
+        state there keeps its block, whose cache entry moves to the new one."""
         table = self.req_to_blocks.setdefault(request_id, [])
         num_speculative = self.spec.num_speculative_blocks
         num_required = self._num_required_blocks(num_tokens)
-        if num_required <= len(table):
+        partial_hit = self.partial_hits.pop(request_id, None)
+        if num_required <= len(table) and partial_hit is None:
             self.allocated_requests.add(request_id)
             return []
         num_before = len(table)
@@ -174,8 +206,23 @@ class AlignedMambaManager(MambaManager):
                     break
                 table.append(table[position])
                 table[position] = self.null_block
-        new_blocks = self.pool.get_new_blocks(max(num_required - len(table), 0))
-        added = table[num_before:] + new_blocks
+        new_blocks = self.pool.get_new_blocks(max(num_required - len(table), 0) + (partial_hit is not None))
+        added = table[num_before:]
+        if partial_hit is not None:
+            position, source = partial_hit
+            copy, new_blocks = new_blocks[0], new_blocks[1:]
+            if allocated:
+                # The request goes on writing its block: the cache keeps the copy instead.
+                assert table[position] is source
+                self.pool.move_block_hashes(source, copy)
+                self.pending_copies.append((source, copy))
+                source.ref_cnt += 1
+                if copy.block_hash is not None:
+                    self.cached_this_step.add(copy.block_hash)
+            else:
+                self._copy_on_write(request_id, position, source, copy)
+                added.insert(0, copy)
+        added += new_blocks
         table.extend(new_blocks)
         self.allocated_requests.add(request_id)
         return added
@@ -184,9 +231,11 @@ class AlignedMambaManager(MambaManager):
         """Cache the full blocks' states, and remember their keys for this scheduler step.
 
         The state at the prompt's last hash boundary a later request can hit
-        up to is entered again whenever ``num_tokens`` is that boundary and
-        its block lost its key (evicted while held): a request resuming the
-        prompt hits it there."""
+        up to is entered whenever ``num_tokens`` is that boundary and its
+        block is not cached there yet: again after its key was evicted while
+        held, or first, inside a block, with hashes finer than the blocks.
+        Inside a block the request then goes on writing that block: its next
+        allocation moves the entry to a copy (:meth:`allocate_new_blocks`)."""
         request_id = request.request_id
         num_cached = self.num_cached_blocks.get(request_id, 0)
         super().cache_blocks(request, num_tokens, replay_boundaries)
@@ -201,14 +250,16 @@ class AlignedMambaManager(MambaManager):
         if num_tokens != boundary or boundary == 0 or position >= len(table):
             return
         block = table[position]
-        if block.is_null or block.block_hash is not None:
+        if block.is_null or self.pool.hash_tokens(block, (position + 1) * self.block_size) == boundary:
             return
         num_hashes = boundary // hash_block_size
         key = (request.block_hashes[num_hashes - 1], self.group_id)
-        if self.pool.cache_partial_block(block, key, boundary):
-            self.cached_this_step.add(key)
-            if self.pool.enable_kv_cache_events:
-                self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
+        if self.pool.cache_partial_block(block, key, boundary) and self.pool.enable_kv_cache_events:
+            self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
+        self.cached_this_step.add(key)
+        if boundary % self.block_size:
+            self.partial_hits[request_id] = (position, block)
+            self.num_cached_blocks[request_id] = position
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         """Free every live block before the one holding token ``num_computed_tokens - 1``'s state, null

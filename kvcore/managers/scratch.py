@@ -49,6 +49,7 @@ class CircularBufferManager(_UncachedManager):
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         return 0 if self.req_to_blocks.get(request_id) else 1
 
@@ -81,6 +82,7 @@ class CrossAttentionManager(_UncachedManager):
         new_computed_blocks: Sequence[KVBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
     ) -> int:
         return max(0, ceil_div(num_tokens, self.block_size) - len(self.req_to_blocks.get(request_id, ())))
 

@@ -30,6 +30,15 @@ def one_group(num_blocks: int, block_size: int, group: GroupSpec = FULL, caching
     return TargetConfig(num_blocks, block_size, (group,), caching)
 
 
+PRODUCER_STEPS: list[Operation] = [
+    AddRequest("r0", (1, 2, 3, 4, 5, 6, 7)),
+    Schedule("r0", 7),
+    Schedule("r0", 7),
+    Schedule("r0", 7),
+]
+"""A request whose prompt's last hash boundary (6) falls inside a 4-token Mamba block: its chunks stop
+at 4 and 6, and its third step writes the block holding the state cached at 6."""
+
 SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Freed with caching off, r0's block 1 must go back to the head, before the
     # never-used block 2; FIFO puts it behind.
@@ -269,7 +278,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
             AddRequest("r1", (1, 2, 3, 4, 5, 6, 7, 8, 9)),
             Schedule("r1", 9),
         ],
-        "hit_block_never_written",
+        "hit_is_sound_and_maximal",
     ),
     # Two 2-token full-attention groups hashing every token: the 2-token prompt's boundary after token 1
     # is entered beside block 2's own key; evicting the block leaves that entry behind.
@@ -341,6 +350,25 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         TargetConfig(3, 2, (GroupSpec("mamba_align", speculative_blocks=2),), True),
         [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
         "target_raised",
+    ),
+    # Full attention and Mamba states in 4-token blocks, hashed every 2 tokens: r0's chunks stop at its
+    # prompt's last hash boundary, 6, where its state is cached inside block 1, and r1 hits it there.
+    "partial-hit-not-copied": (
+        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        [*PRODUCER_STEPS, Finish("r0"), AddRequest("r1", (1, 2, 3, 4, 5, 6, 9, 9, 9)), Schedule("r1", 9)],
+        "hit_block_never_written",
+    ),
+    # r0's third step computes token 7 into the block holding its state at 6: the copy the cache keeps
+    # takes a block, and one is free beside full attention's.
+    "copy-block-not-counted": (
+        TargetConfig(6, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        PRODUCER_STEPS,
+        "target_raised",
+    ),
+    "state-entry-left-on-written-block": (
+        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        PRODUCER_STEPS,
+        "lru_eviction_when_caching_on",
     ),
 }
 

@@ -246,6 +246,25 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         assert check.sut_result.hit_length == 8
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, hit_length=6))
 
+    def copy_into_another_block() -> StepCheck:
+        # Full attention in 2-token blocks beside Mamba states in 4-token blocks, hashed every 2 tokens:
+        # b's 6-token hit ends inside the state block 7, copied into block 6, which b's table holds;
+        # reported as copied into block 8 instead.
+        config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+        prompt = (1, 2, 3, 4, 5, 6, 7)
+        check = checked_step(
+            config,
+            [
+                AddRequest("a", prompt),
+                *[Schedule("a", 7, 0, 0)] * 3,
+                Finish("a"),
+                AddRequest("b", (*prompt[:6], 9, 9, 9)),
+                Schedule("b", 9, 0, 0),
+            ],
+        )
+        assert check.sut_result.block_copies == ((7, 6),)
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, block_copies=((7, 8),)))
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
@@ -260,6 +279,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "mamba_align_keeps_few_states": padding_given_blocks,
         "in_flight_blocks_held": in_flight_block_freed,
         "hit_block_never_written": hit_ending_inside_a_block,
+        "block_copies_well_formed": copy_into_another_block,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
         "failed_allocation_changes_nothing": leaky_refusal,

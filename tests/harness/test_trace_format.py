@@ -872,9 +872,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "a mamba group, whose state is never sharded",
         ),
         (
-            {"groups": [{"kind": "full", "block_size": 1}, {"kind": "mamba_align"}]},
+            {"groups": [{"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}], "hash_block_size": 1},
             "config.hash_block_size",
-            r"1 is below groups\[1\] mamba_align's block_size 2: .*fine-grained hits, not modelled",
+            r"1 is below groups\[1\] mamba_align's block_size 2, beside groups \[0\] .*not modelled",
         ),
         (
             {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "dcp_world_size": 2},

@@ -18,13 +18,18 @@ def _request_tokens(keywords: dict[str, Any]) -> list[int]:
     return list(range(3 * int(keywords["scheduler_block_size"]) + 1))
 
 
+def kvcore_config(groups: Sequence[GroupSpec], **keywords: Any) -> kvcore.KVCacheConfig:
+    """kvcore's configuration of the groups (each with its own ``block_size``) under ``keywords``."""
+    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
+    return kvcore.KVCacheConfig(NUM_BLOCKS, specs, **keywords)
+
+
 def kvcore_refusal(groups: Sequence[GroupSpec], **keywords: Any) -> kvcore.InvalidConfig | None:
     """kvcore's refusal of the groups (each with its own ``block_size``) under ``keywords`` (those of
     ``kvcore.KVCacheConfig``, ``scheduler_block_size`` and ``hash_block_size`` among them), at
     construction or at the first lookup; ``None`` when it builds the manager and looks a request up."""
-    specs = [kvcore_spec(group, group.block_size) for group in groups]  # type: ignore[arg-type]
     try:
-        manager = kvcore.KVCacheManager(kvcore.KVCacheConfig(NUM_BLOCKS, specs, **keywords))
+        manager = kvcore.KVCacheManager(kvcore_config(groups, **keywords))
         manager.get_computed_blocks(kvcore.Request("r0", _request_tokens(keywords), keywords["hash_block_size"]))
     except kvcore.InvalidConfig as refused:
         return refused

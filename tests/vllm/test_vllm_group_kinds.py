@@ -19,11 +19,11 @@ vllm = pytest.importorskip(
 
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
-from kvcheck.ops import AddRequest, Preempt, Schedule  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
-from tests.vllm.parity import kvcore_refusal, vllm_refusal  # noqa: E402
+from tests.vllm.parity import kvcore_config, kvcore_refusal, vllm_refusal  # noqa: E402
 
 FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
 MAMBA = GroupSpec("mamba", speculative_blocks=1)
@@ -171,11 +171,12 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
     None
 ):
     """Over 400 drawn configurations with an align-mode Mamba group: every one vLLM 0.33.0 refuses,
-    kvcore refuses too; every one kvcore accepts, vLLM runs without fine-grained (sub-block) hits;
-    every one kvcore refuses that vLLM runs, kvcore refuses saying it does not implement it
-    (fine-grained hits, sparse retention, an EAGLE drafter); and the drawn set
-    holds accepted configurations and both kinds of refusal."""
-    wrong, accepted, not_implemented = [], 0, 0
+    kvcore refuses too; every one kvcore accepts, vLLM runs with fine-grained (sub-block) hits exactly
+    when kvcore's ``partial_hits`` says so; every one kvcore refuses that vLLM runs, kvcore refuses
+    saying it does not implement it (sub-block hits beside a window, sparse retention, an EAGLE
+    drafter); and the drawn set holds accepted configurations of both hit kinds and both kinds of
+    refusal."""
+    wrong, accepted, not_implemented, sub_block = [], 0, 0, 0
     for seed in range(400):
         groups, hashing, keywords = _aligned_mamba_draw(seed)
         keywords.update(scheduler_block_size=_scheduler_block_size(groups, keywords), hash_block_size=hashing)
@@ -184,11 +185,47 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
         accepted += kvcore_says is None
         if vllm_says is not None and kvcore_says is None:
             wrong.append(f"seed {seed}: vLLM refuses ({vllm_says}), kvcore accepts")
-        if manager is not None and manager.coordinator.enable_partial_hash_hits and kvcore_says is None:
-            wrong.append(f"seed {seed}: vLLM hits states inside a block, kvcore accepts")
+        if manager is not None and kvcore_says is None:
+            vllm_sub_block = manager.coordinator.enable_partial_hash_hits
+            kvcore_sub_block = kvcore_config(groups, **keywords).partial_hits
+            sub_block += kvcore_sub_block
+            if vllm_sub_block != kvcore_sub_block:
+                wrong.append(f"seed {seed}: sub-block hits {vllm_sub_block} on vLLM, {kvcore_sub_block} on kvcore")
         if vllm_says is None and kvcore_says is not None:
             not_implemented += 1
             if NOT_IMPLEMENTED not in kvcore_says.describe():
                 wrong.append(f"seed {seed}: vLLM runs it, kvcore refuses not saying it is unimplemented: {kvcore_says}")
     assert not wrong, "\n".join(wrong)
-    assert accepted >= 50 and not_implemented >= 50
+    assert accepted >= 50 and not_implemented >= 50 and 20 <= sub_block <= accepted - 20
+
+
+def test_a_state_cached_inside_a_block_is_copied_for_the_cache_and_a_later_hit_copies_it_on_write() -> None:
+    """Full attention in 2-token blocks beside Mamba states in 4-token blocks, hashed every 2 tokens
+    (vLLM's fine-grained hits).  A 7-token prompt is computed in chunks stopping at 4 and at its last
+    hash boundary, 6, where its state is cached inside block 1; its next step writes that block, so
+    the state is copied to a new block the cache keeps instead.  A second request sharing 6 tokens hits
+    there: its table gets a copy of the cached state, not the shared block.  kvcore, vLLM and the model
+    agree on every table, copy, cache entry and free order."""
+    config = TargetConfig(16, 2, (FULL, GroupSpec("mamba_align", block_size=4)), True)
+    assert config.partial_hits
+    prompt = (1, 2, 3, 4, 5, 6, 7)
+    _, results = run_alike(
+        config,
+        [
+            AddRequest("a", prompt),
+            Schedule("a", 7, 0, 7),
+            Schedule("a", 7, 0, 7),
+            Schedule("a", 7, 0, 7),
+            Finish("a"),
+            AddRequest("b", (*prompt[:6], 9, 9, 9)),
+            Schedule("b", 9, 0, 7),
+        ],
+    )
+    first, second, writes, hit = results[1], results[2], results[3], results[6]
+    assert (first.num_slots, second.num_slots) == (4, 6)
+    assert second.new_block_ids == ((4,), (5,)) and not second.block_copies
+    # The state at 6 lives in block 5, which the third step writes: the cache keeps a copy, block 7.
+    assert writes.new_block_ids == ((6,), ()) and writes.block_copies == ((5, 7),)
+    # The hit ends inside Mamba block 1: block 7 is copied into block 6, which the table holds.
+    assert hit.hit_length == 6 and hit.hit_block_ids == ((1, 2, 4), (0, 7))
+    assert hit.block_copies == ((7, 6),) and hit.new_block_ids == ((5,), (6,))

@@ -1,0 +1,119 @@
+"""Hits that end inside a block (vLLM 0.33.0's fine-grained hits): an align-mode Mamba group whose blocks
+are larger than the hashes, beside full attention.
+
+The expected tables, copies, cache entries and free queues are the ones vLLM 0.33.0 produces for the
+same steps (``tests/vllm/test_vllm_group_kinds.py`` drives both in lockstep).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcore import (
+    FullAttentionSpec,
+    InvalidArgument,
+    InvalidConfig,
+    KVCacheConfig,
+    KVCacheManager,
+    MambaSpec,
+    Request,
+    SlidingWindowSpec,
+)
+
+WIDE_STATES = MambaSpec(4, cache_mode="align")
+PROMPT = [1, 2, 3, 4, 5, 6, 7]
+
+
+def make_manager(num_blocks: int = 16) -> KVCacheManager:
+    manager = KVCacheManager(KVCacheConfig(num_blocks, [FullAttentionSpec(2), WIDE_STATES]))
+    assert manager.config.hash_block_size == 2 and manager.config.partial_hits
+    return manager
+
+
+def schedule(manager: KVCacheManager, request: Request, num_new_tokens: int) -> int:
+    """One step; a request holding no blocks takes its hit first.  Returns the hit length."""
+    hit_blocks, hit_length = None, 0
+    if not manager.get_blocks(request.request_id)[0]:
+        hit_blocks, hit_length = manager.get_computed_blocks(request)
+    assert manager.allocate_slots(request, num_new_tokens, hit_length, hit_blocks) is not None
+    request.num_computed_tokens += hit_length + num_new_tokens
+    manager.new_step_starts()
+    return hit_length
+
+
+def cached_at(manager: KVCacheManager, block_id: int) -> bool:
+    return any(entry_block == block_id for _, entry_block in manager.cache_entries())
+
+
+def produce(manager: KVCacheManager) -> Request:
+    """A 7-token prompt computed in chunks of 4 and 2 tokens: the state at its last hash boundary, 6,
+    is cached inside block 1 of its Mamba table (block 0, the state at 4, is still read)."""
+    request = Request("a", PROMPT, 2)
+    schedule(manager, request, 4)
+    schedule(manager, request, 2)
+    assert manager.get_block_ids("a") == ([1, 2, 4], [3, 5])
+    assert cached_at(manager, 5)
+    return request
+
+
+def test_a_state_cached_inside_the_block_its_request_writes_is_copied_for_the_cache() -> None:
+    """The last token's step writes block 5: the state's cache entry moves to a new block, 7, and the
+    copy 5 -> 7 is queued; both hold one reference more until the caller frees them, and the copy then
+    sits free and cached at the queue's tail.  (The state at 4, block 3, is freed.)"""
+    manager = make_manager()
+    request = produce(manager)
+    schedule(manager, request, 1)
+    copies, retained = manager.take_block_copies()
+    assert copies == [(5, 7)] and [block.block_id for block in retained] == [5, 7]
+    assert manager.get_block_ids("a") == ([1, 2, 4, 6], [0, 5])
+    assert not cached_at(manager, 5) and cached_at(manager, 7)
+    assert manager.ref_counts()[5] == 2 and manager.ref_counts()[7] == 1
+    manager.check_invariants()
+    manager.free_retained_blocks(retained)
+    assert manager.ref_counts()[5] == 1 and manager.free_block_ids()[-1] == 7
+    manager.check_invariants()
+
+
+def test_a_hit_ending_inside_a_state_block_takes_a_copy_of_it() -> None:
+    """A request sharing 6 tokens hits the state at 6 in block 7: its table holds a new block, 8, in
+    its place, the copy 7 -> 8 is queued, and the block the copy takes is counted."""
+    manager = make_manager()
+    request = produce(manager)
+    schedule(manager, request, 1)
+    manager.free_retained_blocks(manager.take_block_copies()[1])
+    manager.free(request)
+    other = Request("b", [*PROMPT[:6], 9, 9, 9], 2)
+    blocks, hit_length = manager.get_computed_blocks(other)
+    assert hit_length == 6 and [[b.block_id for b in group] for group in blocks] == [[1, 2, 4], [0, 7]]
+    free_before = manager.block_pool.num_free_blocks
+    assert schedule(manager, other, 3) == 6
+    copies, retained = manager.take_block_copies()
+    assert copies == [(7, 8)]
+    assert manager.get_block_ids("b") == ([1, 2, 4, 5, 6], [0, 8, 9])
+    # Hit blocks 1, 2, 4 and 7 left the queue; full attention took 2 new blocks, Mamba the copy and 1.
+    assert manager.block_pool.num_free_blocks == free_before - 4 - 4
+    manager.free_retained_blocks(retained)
+    assert manager.block_pool.num_free_blocks == free_before - 7 and manager.free_block_ids()[-1] == 7
+    manager.check_invariants()
+
+
+def test_copy_endpoints_are_released_once_and_only_once() -> None:
+    """Blocks that are not the endpoints of taken copies are refused, naming the block, and change nothing."""
+    manager = make_manager()
+    request = produce(manager)
+    schedule(manager, request, 1)
+    _, retained = manager.take_block_copies()
+    manager.free_retained_blocks(retained)
+    with pytest.raises(InvalidArgument, match="blocks"):
+        manager.free_retained_blocks(retained)
+    manager.check_invariants()
+
+
+def test_sub_block_hits_need_every_group_in_the_prefix_cache_to_look_inside_its_blocks() -> None:
+    """Beside a sliding window hashed finer than its blocks, kvcore refuses by field, saying it does not
+    implement it; beside one hashed at its block size, hits end inside state blocks."""
+    with pytest.raises(InvalidConfig) as caught:
+        KVCacheConfig(16, [SlidingWindowSpec(4, 3), WIDE_STATES], hash_block_size=2)
+    assert caught.value.field == "hash_block_size" and "does not implement" in str(caught.value)
+    assert KVCacheConfig(16, [SlidingWindowSpec(2, 3), WIDE_STATES]).partial_hits
+    assert not KVCacheConfig(16, [FullAttentionSpec(4), WIDE_STATES]).partial_hits
