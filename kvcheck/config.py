@@ -664,7 +664,8 @@ class TargetConfig:
             steps += f", {self.num_encoder_tokens} encoder tokens"
         if self.hash_size != self.scheduler_block_size or self.mixed_block_sizes:
             plural = "s" * (self.hash_size != 1)
-            steps += f", hashes of {self.hash_size} token{plural}, hits of {self.scheduler_block_size}"
+            inside = " (inside blocks)" if self.partial_hits else ""
+            steps += f", hashes of {self.hash_size} token{plural}, hits of {self.hit_alignment}{inside}"
         if self.prefix_cache_retention_interval is not None:
             steps += f", retention interval {self.prefix_cache_retention_interval}"
         if self.dcp_world_size > 1:
