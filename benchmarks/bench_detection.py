@@ -1,7 +1,8 @@
 """Detection power of the Hypothesis manager machine: catch rate and time-to-report per fault.
 
 For each catalogued fault, run the manager machine (the ``dev`` profile's
-budget, groups drawn from 1 to 4, no example database) from N random seeds
+budget, groups drawn from 1 to 4, or the Mamba layouts alone with
+``--layout mamba``, no example database) from N random seeds
 and report how many runs caught the fault, the time from start until the
 shrunk repro is ready (median and max over the catching runs), the shrunk
 lengths and the invariants that fired.  Seeds are printed so that any run
@@ -10,6 +11,7 @@ can be repeated (``--seed-base``).
     python benchmarks/bench_detection.py                 # every fault, 20 seeds, 2 workers
     python benchmarks/bench_detection.py --faults interleaved-external-alloc --seeds 50
     python benchmarks/bench_detection.py --target vllm   # the faults expressed against vLLM
+    python benchmarks/bench_detection.py --layout mamba --faults partial-hit-not-copied
 
 Figures are wall-clock on whatever machine runs it; compare them within
 one run.  Run from the repository root.
@@ -39,14 +41,14 @@ Outcome = tuple[str, int, bool, float, int | None, str | None]
 """(fault, seed, caught, seconds to report, shrunk steps, invariant)."""
 
 
-def hunt(task: tuple[str, str, int, int]) -> Outcome:
+def hunt(task: tuple[str, str, int, int, str | None]) -> Outcome:
     """One manager-machine run against one fault from one seed."""
-    target, fault, seed, examples = task
+    target, fault, seed, examples, layout = task
     pin_generation_constants()
     base = settings(PROFILES["dev"], max_examples=examples, database=None)
     start = time.perf_counter()
     try:
-        run_manager_machine(resolve_target(target, fault), num_groups=None, base=base, seed=seed)
+        run_manager_machine(resolve_target(target, fault), num_groups=layout, base=base, seed=seed)
     except ShrunkViolation as violation:
         return fault, seed, True, time.perf_counter() - start, violation.step, violation.invariant
     return fault, seed, False, time.perf_counter() - start, None, None
@@ -62,6 +64,9 @@ def main() -> int:
     parser.add_argument("--seed-base", type=int, default=None, help="use seeds base..base+N-1 instead of random")
     parser.add_argument("--examples", type=int, default=PROFILES["dev"].max_examples, help="examples per run")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    parser.add_argument(
+        "--layout", default=None, choices=["mamba"], help="run the manager machine's Mamba layouts alone"
+    )
     args = parser.parse_args()
 
     if args.faults:
@@ -76,8 +81,11 @@ def main() -> int:
         seeds = [random.SystemRandom().randrange(2**32) for _ in range(args.seeds)]
     else:
         seeds = list(range(args.seed_base, args.seed_base + args.seeds))
-    tasks = [(args.target, fault, seed, args.examples) for fault in faults for seed in seeds]
-    print(f"target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run")
+    tasks = [(args.target, fault, seed, args.examples, args.layout) for fault in faults for seed in seeds]
+    layouts = "Mamba layouts" if args.layout else "groups drawn from 1 to 4"
+    print(
+        f"target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run, {layouts}"
+    )
     print(f"seeds: {seeds}")
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
