@@ -902,35 +902,55 @@ def padding_counted(count: int, num_positions: int) -> int:
     return count + max(0, num_positions - 1)
 
 
+Recount = Callable[[SingleTypeManager, int, str, int, Sequence[KVBlock], int], int]
+"""A planted admission count: (group manager, its count, request id, slots, hit blocks, tokens of the
+local hit) -> the count the bug gives."""
+
+
+def recount_blocks(group_manager: SingleTypeManager, recount: Recount) -> None:
+    """Plant ``recount`` into the group manager's admission count.  A count above the pool (a Mamba
+    state cached this step: refused either way) is left as it is."""
+    count_blocks = group_manager.num_blocks_to_allocate
+
+    def num_blocks_to_allocate(
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+        num_local_computed_tokens: int | None = None,
+    ) -> int:
+        count = count_blocks(
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            apply_admission_cap,
+            num_local_computed_tokens,
+        )
+        if count > group_manager.pool.num_blocks:
+            return count
+        local = total_computed_tokens if num_local_computed_tokens is None else num_local_computed_tokens
+        return recount(group_manager, count, request_id, num_tokens, new_computed_blocks, local)
+
+    group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+
+
 def plant_mamba_align_counts_the_padding(manager: kvcore.KVCacheManager) -> None:
+    def recount(
+        group_manager: SingleTypeManager,
+        count: int,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVBlock],
+        local: int,
+    ) -> int:
+        table = group_manager.req_to_blocks.get(request_id, ())
+        num_positions = ceil_div(num_tokens, group_manager.block_size) - len(new_computed_blocks) - len(table)
+        return padding_counted(count, num_positions)
+
     for group_manager in aligned_mamba_managers(manager):
-        count_blocks = group_manager.num_blocks_to_allocate
-
-        def num_blocks_to_allocate(
-            request_id: str,
-            num_tokens: int,
-            new_computed_blocks: Sequence[KVBlock],
-            total_computed_tokens: int,
-            apply_admission_cap: bool = False,
-            num_local_computed_tokens: int | None = None,
-            group_manager: AlignedMambaManager = group_manager,
-            count_blocks: Callable[..., int] = count_blocks,
-        ) -> int:
-            count = count_blocks(
-                request_id,
-                num_tokens,
-                new_computed_blocks,
-                total_computed_tokens,
-                apply_admission_cap,
-                num_local_computed_tokens,
-            )
-            if count > group_manager.pool.num_blocks:
-                return count  # a state cached this step: refused either way
-            table = group_manager.req_to_blocks.get(request_id, ())
-            num_positions = ceil_div(num_tokens, group_manager.block_size) - len(new_computed_blocks) - len(table)
-            return padding_counted(count, num_positions)
-
-        group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+        recount_blocks(group_manager, recount)
 
 
 def counted_as_allocated(allocated: set[str], request_id: str, count: Callable[[], int]) -> int:
@@ -982,35 +1002,20 @@ def plant_partial_hit_not_copied(manager: kvcore.KVCacheManager) -> None:
 
 
 def plant_copy_block_not_counted(manager: kvcore.KVCacheManager) -> None:
+    def recount(
+        group_manager: SingleTypeManager,
+        count: int,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVBlock],
+        local: int,
+    ) -> int:
+        copies = group_manager.has_partial_hit(new_computed_blocks, local) or request_id in group_manager.partial_hits
+        # The bug: the block a copy on write takes is not counted, while the allocation takes it.
+        return count - 1 if copies else count
+
     for group_manager in manager.coordinator.managers:
-        count_blocks = group_manager.num_blocks_to_allocate
-
-        def num_blocks_to_allocate(
-            request_id: str,
-            num_tokens: int,
-            new_computed_blocks: Sequence[KVBlock],
-            total_computed_tokens: int,
-            apply_admission_cap: bool = False,
-            num_local_computed_tokens: int | None = None,
-            group_manager: SingleTypeManager = group_manager,
-            count_blocks: Callable[..., int] = count_blocks,
-        ) -> int:
-            count = count_blocks(
-                request_id,
-                num_tokens,
-                new_computed_blocks,
-                total_computed_tokens,
-                apply_admission_cap,
-                num_local_computed_tokens,
-            )
-            local = total_computed_tokens if num_local_computed_tokens is None else num_local_computed_tokens
-            copies = (
-                group_manager.has_partial_hit(new_computed_blocks, local) or request_id in group_manager.partial_hits
-            )
-            # The bug: the block a copy on write takes is not counted, while the allocation takes it.
-            return count - 1 if copies and count <= group_manager.pool.num_blocks else count
-
-        group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+        recount_blocks(group_manager, recount)
 
 
 def plant_state_entry_left_on_written_block(manager: kvcore.KVCacheManager) -> None:

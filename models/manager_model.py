@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -202,52 +202,32 @@ class ManagerModel:
     def _sub_block_hit(self, request_id: str) -> tuple[int, GroupIds]:
         """The hit with sub-block hits on (no drafter), as vLLM 0.33.0's hybrid lookup finds it.
 
-        Groups of one spec are looked up together, full attention first;
-        each lowers the candidate (at first the ``num_tokens - 1`` cap) to
-        the longest hit it accepts within it, until none lowers it (one pass
-        for full attention and one other spec).  Full attention takes its
-        run of whole cached blocks, then the last hash boundary cached inside
-        the next block (within the cap), and accepts any candidate below
-        that; it is looked up once.  An align-mode Mamba group accepts a hash
+        The spec groups' fixed point (:meth:`_fixed_point`) from the
+        ``num_tokens - 1`` cap.  Full attention takes its run of whole cached
+        blocks, then the last hash boundary cached inside the next block
+        (within the cap), and accepts any candidate below that.  An align-mode Mamba group accepts a hash
         boundary whose state is cached; a group hashed at its block size
         accepts a block boundary whose blocks it has.  A full-attention hit
         ending inside a block takes the block cached at the boundary found
         inside it, even when the hit ends below that boundary."""
         request = self.requests[request_id]
-        hash_size = self.hash_size
         hashed = self.num_hashed_tokens(request_id)
-        cap = len(request.tokens) - 1
-        order = self.lookup_order
-        one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         inner: dict[int, tuple[int, int]] = {}  # full-attention group -> (position, block) found inside a block
-        full_hits: dict[GroupSpec, int] = {}
-        longest = 0
-        candidate = cap
-        while True:
-            current = candidate
-            for spec, group_ids in order:
-                if spec in full_hits:
-                    current = min(current, full_hits[spec])
-                    continue
-                if spec.kind in FULL_HIT_KINDS:
-                    found = self._full_sub_block_hit(request_id, group_ids, current, inner)
-                    full_hits[spec] = found
-                else:
-                    step = hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
-                    found = next(
-                        (
-                            t
-                            for t in range(min(current, hashed) // step * step, 0, -step)
-                            if all(self._accepts_tokens(request_id, g, t) for g in group_ids)
-                        ),
-                        0,
-                    )
-                current = found
-                longest = max(longest, found)
-            if current >= candidate or one_pass:
-                hit_tokens = min(current, candidate)
-                break
-            candidate = current
+
+        def lookup(spec: GroupSpec, group_ids: list[int], current: int) -> int:
+            if spec.kind in FULL_HIT_KINDS:
+                return self._full_sub_block_hit(request_id, group_ids, current, inner)
+            step = self.hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
+            return next(
+                (
+                    t
+                    for t in range(min(current, hashed) // step * step, 0, -step)
+                    if all(self._accepts_tokens(request_id, g, t) for g in group_ids)
+                ),
+                0,
+            )
+
+        hit_tokens, longest = self._fixed_point(len(request.tokens) - 1, lookup)
         request.shared_prefix_boundary = longest if longest > hit_tokens else 0
         found_ids = []
         for group_id, group in enumerate(self.groups):
@@ -354,43 +334,51 @@ class ManagerModel:
         scheduler block size whose next block of the group (the peek) is
         cached too, and may look one of its blocks past the candidate, up to
         the request's last hash.  With one group there is no look past: the
-        candidate is the ``num_tokens - 1`` cap.  With several, groups of one
-        spec are looked up together, full attention first; each lowers the
-        candidate to the longest hit it accepts; the passes repeat until no
-        group lowers it (one pass for full attention plus one other spec).  A
-        group drops (needs the peek) on its first lookup and again only after
-        a lookup without a drop lowered the candidate; full attention is
-        looked up once and only trims after.
+        candidate is the ``num_tokens - 1`` cap.  With several, the spec
+        groups' fixed point (:meth:`_fixed_point`) from that cap.  A group
+        drops (needs the peek) on its first lookup and again only after a
+        lookup without a drop lowered the candidate.
         """
         num_tokens = len(self.requests[request_id].tokens)
         if len(self.groups) == 1:
             return self._longest_accepted(request_id, [0], num_tokens - 1, peek=True), 0
         hashed = self.num_hashed_tokens(request_id)
+        verified: set[GroupSpec] = set()
+
+        def lookup(spec: GroupSpec, group_ids: list[int], current: int) -> int:
+            drop = spec in self.dropping_specs and spec not in verified
+            assert spec.block_size is not None
+            limit = min(current + spec.block_size, hashed) if drop else current
+            found = self._longest_accepted(request_id, group_ids, limit, peek=drop)
+            if drop:
+                verified.add(spec)
+            elif found < current:
+                verified.clear()
+            return found
+
+        # The cap in tokens, as the first candidate: num_tokens - 1, not aligned.
+        return self._fixed_point(num_tokens - 1, lookup)
+
+    def _fixed_point(self, candidate: int, lookup: Callable[[GroupSpec, list[int], int], int]) -> tuple[int, int]:
+        """vLLM 0.33.0's hybrid lookup from the first ``candidate``: groups of one spec are looked up
+        together (``lookup(spec, group_ids, candidate)`` gives the longest hit they accept within the
+        candidate), full attention first; each lowers the candidate, and the passes repeat until none
+        lowers it (one pass for full attention and one other spec).  Full attention is looked up once
+        and only trims after.  The hit, and the longest hit a single lookup found."""
         order = self.lookup_order
-        longest = 0
         one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
         full_hits: dict[GroupSpec, int] = {}
-        verified: set[GroupSpec] = set()
-        # The cap in tokens, as the first candidate: num_tokens - 1, not aligned.
-        candidate = num_tokens - 1
+        longest = 0
         while True:
             current = candidate
             for spec, group_ids in order:
                 if spec in full_hits:
                     current = min(current, full_hits[spec])
                     continue
-                drop = spec in self.dropping_specs and spec not in verified
-                assert spec.block_size is not None
-                limit = min(current + spec.block_size, hashed) if drop else current
-                found = self._longest_accepted(request_id, group_ids, limit, peek=drop)
-                if drop:
-                    verified.add(spec)
-                elif found < current:
-                    verified.clear()
-                current = found
-                longest = max(longest, found)
+                current = lookup(spec, group_ids, current)
+                longest = max(longest, current)
                 if spec.kind in FULL_HIT_KINDS:
-                    full_hits[spec] = found
+                    full_hits[spec] = current
             if current >= candidate or one_pass:
                 return min(current, candidate), longest
             candidate = current
