@@ -499,39 +499,51 @@ def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
         ]
 
 
+def _recount_blocks(group_manager: Any, recount: Any) -> None:
+    """Plant ``recount(group_manager, count, request_id, num_tokens_main_model, hit blocks, tokens of
+    the local hit)`` into a vLLM group manager's admission count; a count above the pool (a Mamba state
+    cached this step: refused either way) is left as it is."""
+    count_blocks = group_manager.get_num_blocks_to_allocate
+
+    def get_num_blocks_to_allocate(
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Any,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        count = count_blocks(
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_local_computed_tokens,
+            num_tokens_main_model,
+            apply_admission_cap=apply_admission_cap,
+            prefill_end=prefill_end,
+        )
+        if count > group_manager.block_pool.num_gpu_blocks:
+            return count
+        return recount(
+            group_manager, count, request_id, num_tokens_main_model, new_computed_blocks, num_local_computed_tokens
+        )
+
+    group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+
+
 def _mamba_align_counts_the_padding(manager: Any) -> None:
+    def recount(
+        group_manager: Any, count: int, request_id: str, num_tokens: int, new_computed_blocks: Any, local: int
+    ) -> int:
+        table = group_manager.req_to_blocks[request_id]
+        num_positions = -(-num_tokens // group_manager.block_size) - len(new_computed_blocks)
+        return padding_counted(count, num_positions - len(table))
+
     for group_manager in _align_mode_mamba_managers(manager):
-        count_blocks = group_manager.get_num_blocks_to_allocate
-
-        def get_num_blocks_to_allocate(
-            request_id: str,
-            num_tokens: int,
-            new_computed_blocks: Any,
-            total_computed_tokens: int,
-            num_local_computed_tokens: int,
-            num_tokens_main_model: int,
-            apply_admission_cap: bool = False,
-            prefill_end: int = 0,
-            group_manager: Any = group_manager,
-            count_blocks: Any = count_blocks,
-        ) -> int:
-            count = count_blocks(
-                request_id,
-                num_tokens,
-                new_computed_blocks,
-                total_computed_tokens,
-                num_local_computed_tokens,
-                num_tokens_main_model,
-                apply_admission_cap=apply_admission_cap,
-                prefill_end=prefill_end,
-            )
-            if count > group_manager.block_pool.num_gpu_blocks:
-                return count  # a state cached this step: refused either way
-            table = group_manager.req_to_blocks[request_id]
-            num_positions = -(-num_tokens_main_model // group_manager.block_size) - len(new_computed_blocks)
-            return padding_counted(count, num_positions - len(table))
-
-        group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        _recount_blocks(group_manager, recount)
 
 
 def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
@@ -566,36 +578,16 @@ def _partial_hit_not_copied(manager: Any) -> None:
 
 
 def _copy_block_not_counted(manager: Any) -> None:
+    def recount(
+        group_manager: Any, count: int, request_id: str, num_tokens: int, new_computed_blocks: Any, local: int
+    ) -> int:
+        copies = group_manager._has_partial_local_hit(new_computed_blocks, local) or (
+            request_id in group_manager._partial_hit_reqs
+        )
+        return count - 1 if copies else count
+
     for group_manager in manager.coordinator.single_type_managers:
-        count_blocks = group_manager.get_num_blocks_to_allocate
-
-        def get_num_blocks_to_allocate(
-            request_id: str,
-            num_tokens: int,
-            new_computed_blocks: Any,
-            total_computed_tokens: int,
-            num_local_computed_tokens: int,
-            *args: Any,
-            group_manager: Any = group_manager,
-            count_blocks: Any = count_blocks,
-            **kwargs: Any,
-        ) -> int:
-            count = count_blocks(
-                request_id,
-                num_tokens,
-                new_computed_blocks,
-                total_computed_tokens,
-                num_local_computed_tokens,
-                *args,
-                **kwargs,
-            )
-            copies = (
-                group_manager._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
-                or request_id in group_manager._partial_hit_reqs
-            )
-            return count - 1 if copies and count <= group_manager.block_pool.num_gpu_blocks else count
-
-        group_manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+        _recount_blocks(group_manager, recount)
 
 
 def _state_entry_left_on_written_block(manager: Any) -> None:
