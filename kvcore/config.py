@@ -396,9 +396,9 @@ class KVCacheConfig:
                 raise InvalidConfig(
                     "hash_block_size",
                     self.hash_block_size,
-                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks, and "
-                    f"groups {blocking} cannot look up inside a block, so vLLM 0.33.0 turns fine-grained hits off "
-                    "but still enters the prompt's sub-block state: kvcore does not implement that",
+                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks beside groups "
+                    f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): kvcore "
+                    "does not implement sub-block state hits there (use a hash_block_size equal to their blocks)",
                 )
             if self.prefix_cache_retention_interval is not None:
                 raise InvalidConfig(

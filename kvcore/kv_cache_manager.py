@@ -194,13 +194,13 @@ class KVCacheManager:
         :class:`InvalidArgument` (vLLM 0.33.0 asserts)."""
         if len(blocks) != self.num_groups:
             raise InvalidArgument("blocks", len(blocks), f"needs one list per group ({self.num_groups})")
+        if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
+            raise InvalidArgument("num_computed_tokens", num_computed_tokens, "must be an int >= 0")
         truncated: list[list[KVBlock]] = []
         for group_id, (group_blocks, manager) in enumerate(zip(blocks, self.coordinator.managers)):
             if not is_prefix_cacheable(manager.spec):
                 truncated.append([])
                 continue
-            if not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
-                raise InvalidArgument("num_computed_tokens", num_computed_tokens, "must be an int >= 0")
             if num_computed_tokens % manager.block_size:
                 raise InvalidArgument(
                     "num_computed_tokens",

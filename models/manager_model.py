@@ -142,8 +142,8 @@ class ManagerModel:
         next (a hit ending inside the block, or a state it cached inside the block it goes on writing),
         copied by the next allocation."""
         self.step_copies: list[tuple[int, int]] = []
-        """The block copies (source, destination) the allocation of the current step queued."""
-        self._num_copy_holds = 0
+        """The block copies (source, destination) the allocation of the current step queued; each of
+        their blocks holds one reference more until the step releases them (:meth:`_release_copies`)."""
 
     # -- reading --------------------------------------------------------------
 
@@ -524,23 +524,20 @@ class ManagerModel:
         """The step's block copies; their endpoints (each copy's source, then its destination) are
         released once the copies have run: at once, or with deferred frees once the step is processed."""
         copies, self.step_copies = tuple(self.step_copies), []
-        if not copies:
-            return copies
-        key = ("copies", self._num_copy_holds)
-        self._num_copy_holds += 1
-        endpoints = self.pool.holders.pop(("copies", "step"))
-        if self.pipeline.defer_block_free:
+        endpoints = [block for copy in copies for block in copy]
+        if endpoints and self.pipeline.defer_block_free:
             # Deferred frees are released last block first: the endpoints are kept reversed.
-            self.pool.holders[key] = endpoints[::-1]
-            self.pipeline.defer_free(key)
-        else:
+            self._defer_free(endpoints[::-1])
+        elif endpoints:
             self.pool.release(endpoints)
         return copies
 
-    def _copy_pending_block(self, rid: str, group_id: int, position: int, source: int, copy: int) -> None:
-        """Queue the copy of ``source`` into ``copy``; each holds one more reference until it is run."""
-        self.step_copies.append((source, copy))
-        self.pool.holders.setdefault(("copies", "step"), []).extend((source, copy))
+    def _defer_free(self, blocks: list[int]) -> None:
+        """Hold ``blocks`` until every step scheduled so far is processed, then free them last first."""
+        key = ("deferred", self._num_deferred)
+        self._num_deferred += 1
+        self.pool.holders[key] = blocks
+        self.pipeline.defer_free(key)
 
     def _allocate(
         self,
@@ -734,7 +731,7 @@ class ManagerModel:
             position, source = pending
             copied = self.pool.take_free(1)
             table[position] = copied[0]
-            self._copy_pending_block(rid, group_id, position, source, copied[0])
+            self.step_copies.append((source, copied[0]))
         added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
         return copied + added
@@ -763,7 +760,7 @@ class ManagerModel:
         if pending is not None:
             position, source = pending
             copy, new = new[0], new[1:]
-            self._copy_pending_block(rid, group_id, position, source, copy)
+            self.step_copies.append((source, copy))
             if key in self.mamba_allocated:
                 # The request goes on writing its block: the cache keeps the copy instead.
                 self.pool.move_keys(source, copy)
@@ -997,10 +994,7 @@ class ManagerModel:
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
             if popped:
-                key = ("deferred", self._num_deferred)
-                self._num_deferred += 1
-                self.pool.holders[key] = popped
-                self.pipeline.defer_free(key)
+                self._defer_free(popped)
         else:
             self._free(rid)
         self.pipeline.freed(self.requests[rid], rid, finished)
