@@ -40,6 +40,8 @@ FULL_HIT_KINDS = ("full", "mla", "rswa")
 UNCACHED_KINDS = ("ring", "cross_attention")
 """The kinds outside the prefix cache: a ring buffer's one scratch block, cross-attention's encoder blocks."""
 MAMBA_KINDS = ("mamba", "mamba_align")
+KV_CACHE_DTYPES = ("auto", "fp8")
+"""A group's KV cache dtype: the model's (``auto``) or 8-bit floats (vLLM's ``--kv-cache-dtype fp8``)."""
 """The Mamba state kinds: vLLM's ``none`` cache mode and its ``align`` mode."""
 CACHING_OFF_KINDS = ("cross_attention", "mamba")
 """The kinds vLLM 0.33.0 runs only with prefix caching off: cross-attention, and Mamba outside its align mode."""
@@ -90,6 +92,10 @@ class GroupSpec:
     ``dcp_replicated`` keeps the group's blocks whole on every decode context
     parallel rank (a draft model running at DCP 1 beside a sharded target);
     only attention groups are sharded at all.
+
+    ``kv_cache_dtype`` is the dtype of an attention group's KV cache
+    (:data:`KV_CACHE_DTYPES`); attention groups of different dtypes make the
+    worker zero every new block (:attr:`TargetConfig.needs_zeroing`).
     """
 
     kind: str
@@ -97,6 +103,7 @@ class GroupSpec:
     speculative_blocks: int = 0
     block_size: int | None = None
     dcp_replicated: bool = False
+    kv_cache_dtype: str = "auto"
 
     def validate(self, block_size: int, where: str) -> None:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
@@ -111,6 +118,16 @@ class GroupSpec:
             raise ConfigError(f"{where}.dcp_replicated", f"must be true or false, got {shown(self.dcp_replicated)}")
         if self.dcp_replicated and self.kind in MAMBA_KINDS:
             raise ConfigError(f"{where}.dcp_replicated", f"true for a {self.kind} group, whose state is never sharded")
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(
+                f"{where}.kv_cache_dtype",
+                f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {shown(self.kv_cache_dtype)}",
+            )
+        if self.kv_cache_dtype != "auto" and self.kind in MAMBA_KINDS:
+            raise ConfigError(
+                f"{where}.kv_cache_dtype",
+                f"{self.kv_cache_dtype} for a {self.kind} group, which holds states, not a KV cache",
+            )
         field = f"{where}.speculative_blocks"
         if self.kind not in MAMBA_KINDS and self.speculative_blocks != 0:
             raise ConfigError(
@@ -172,6 +189,8 @@ class GroupSpec:
         size = "" if self.block_size is None else f"/{self.block_size}"
         if self.dcp_replicated:
             size += " replicated"
+        if self.kv_cache_dtype != "auto":
+            size += f" {self.kv_cache_dtype}"
         if self.window is not None:
             return f"{self.kind}({self.window}){size}"
         if self.speculative_blocks:
@@ -193,6 +212,8 @@ class GroupSpec:
             document["block_size"] = self.block_size
         if self.dcp_replicated:
             document["dcp_replicated"] = True
+        if self.kv_cache_dtype != "auto":
+            document["kv_cache_dtype"] = self.kv_cache_dtype
         return document
 
 
@@ -323,6 +344,27 @@ class TargetConfig:
             self.group_block_size(g) for g, group in enumerate(self.groups) if group.kind not in UNCACHED_KINDS
         ]
         return math.gcd(*(cacheable or self.block_sizes))
+
+    @property
+    def needs_zeroing(self) -> bool:
+        """Whether the worker zeroes every new block of an attention group (not a ring buffer) before
+        the step: with a Mamba group (its state is read before it is fully written) or attention groups
+        of different KV cache dtypes (a block reused across groups would be read in the other dtype), as
+        vLLM 0.33.0 decides ``needs_kv_cache_zeroing``."""
+        if any(group.kind in MAMBA_KINDS for group in self.groups):
+            return True
+        return len({group.kv_cache_dtype for group in self.groups}) > 1
+
+    @property
+    def zeroed_group_ids(self) -> frozenset[int]:
+        """The groups whose new blocks are zeroed, when the cache needs zeroing: attention, not rings."""
+        return frozenset(i for i, group in enumerate(self.groups) if group.kind not in (*MAMBA_KINDS, "ring"))
+
+    @property
+    def async_loaded_group_ids(self) -> tuple[int, ...]:
+        """The groups an asynchronous external load writes (a connector's default: every group in the
+        prefix cache, so not a ring buffer), whose load blocks are therefore not zeroed."""
+        return tuple(i for i, group in enumerate(self.groups) if group.kind != "ring")
 
     @property
     def has_aligned_mamba(self) -> bool:

@@ -56,7 +56,15 @@ import random
 
 import attrs
 
-from kvcheck.config import CACHING_OFF_KINDS, SLIDING_KINDS, UNCACHED_KINDS, ConfigError, GroupSpec, TargetConfig
+from kvcheck.config import (
+    CACHING_OFF_KINDS,
+    MAMBA_KINDS,
+    SLIDING_KINDS,
+    UNCACHED_KINDS,
+    ConfigError,
+    GroupSpec,
+    TargetConfig,
+)
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
@@ -158,6 +166,7 @@ def random_config(
     retention_share: float = 1 / 2,
     dcp_share: float = 0.3,
     sub_block_share: float = 1 / 2,
+    mixed_precision_share: float = 1 / 4,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -169,7 +178,9 @@ def random_config(
     finer than their blocks (0: none; 1: every one vLLM accepts); ``retention_share`` the share of draws
     with caching and a sliding window that set a retention interval, ``dcp_share`` that of draws sharded
     over decode context parallel ranks, ``sub_block_share`` that of hybrid draws with align-mode Mamba
-    groups whose state blocks are twice as large; the draws are the same otherwise."""
+    groups whose state blocks are twice as large, ``mixed_precision_share`` that of draws with two
+    attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed); the draws
+    are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -272,7 +283,23 @@ def random_config(
         enable_kv_cache_events=enable_kv_cache_events,
     )
     config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
-    return _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
+    config = _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
+    return _mixed_precision(rng, config, mixed_precision_share)
+
+
+def _mixed_precision(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the draws with two attention groups or more, the KV cache of
+    the last ones (one group, or every group from a drawn one on) in fp8: attention groups of two dtypes,
+    whose new blocks the worker zeroes.  (Drawn last.)"""
+    attention = [index for index, group in enumerate(config.groups) if group.kind not in MAMBA_KINDS]
+    if len(attention) < 2 or rng.random() >= share:
+        return config
+    first = rng.choice(attention[1:])
+    groups = tuple(
+        attrs.evolve(group, kv_cache_dtype="fp8") if index in attention and index >= first else group
+        for index, group in enumerate(config.groups)
+    )
+    return attrs.evolve(config, groups=groups).validate()
 
 
 def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

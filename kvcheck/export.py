@@ -556,6 +556,12 @@ class RecordingTarget(VllmTarget):
             self.emit("step.copies = manager.take_kv_cache_block_copies()[0]")
         return copies, retained
 
+    def _take_new_block_ids(self) -> list[int]:
+        if self.config.needs_zeroing:
+            # After every operation, as VllmTarget.apply drains them.
+            self.emit("step.zeroed = manager.take_new_block_ids()")
+        return super()._take_new_block_ids()
+
     def _free_retained(self, blocks: list[Any]) -> None:
         # As the scheduler releases the endpoints of copies it does not defer.
         self.emit(f"manager.block_pool.free_blocks({self.names[id(blocks)]})")
@@ -719,6 +725,8 @@ def _check_call(
         kwargs["reset_done"] = value_node(result.reset_done)
     if recorder.config.partial_hits and result.admitted:
         kwargs["copies"] = value_node([list(copy) for copy in result.block_copies])
+    if recorder.config.needs_zeroing:
+        kwargs["zeroed"] = value_node(list(result.zeroed_block_ids))
     tables = {rid: nested_lists(model.tables[rid]) for rid in sorted(model.tables)}
     kwargs["tables"] = value_node(tables)
     kwargs["free"] = value_node(list(model.free_order))
@@ -997,23 +1005,25 @@ def _make_manager(config: TargetConfig) -> str:
     specs = []
     for index, group in enumerate(config.groups):
         size: dict[str, Node] = {"block_size": value_node(config.spec_block_size(index))}
+        # A group whose KV cache is in fp8 takes the layout with vLLM's fp8 cache dtype.
+        layout_arg = Atom("**fp8_layout" if group.kv_cache_dtype == "fp8" else "**layout")
         if group.dcp_replicated:
             # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
             size["dcp_sharded"] = value_node(False)
         if group.kind == "full":
-            spec = call("FullAttentionSpec", Atom("**layout"), **size)
+            spec = call("FullAttentionSpec", layout_arg, **size)
         elif group.kind == "sliding_window":
-            spec = call("SlidingWindowSpec", Atom("**layout"), sliding_window=value_node(group.window), **size)
+            spec = call("SlidingWindowSpec", layout_arg, sliding_window=value_node(group.window), **size)
         elif group.kind == "sliding_window_mla":
-            spec = call("SlidingWindowMLASpec", Atom("**layout"), sliding_window=value_node(group.window), **size)
+            spec = call("SlidingWindowMLASpec", layout_arg, sliding_window=value_node(group.window), **size)
         elif group.kind == "rswa":
-            spec = call("RSWASpec", Atom("**layout"), rswa_window=value_node(group.window), **size)
+            spec = call("RSWASpec", layout_arg, rswa_window=value_node(group.window), **size)
         elif group.kind == "ring":
-            spec = call("CircularBufferSpec", Atom("**layout"), **size)
+            spec = call("CircularBufferSpec", layout_arg, **size)
         elif group.kind == "cross_attention":
-            spec = call("CrossAttentionSpec", Atom("**layout"), **size)
+            spec = call("CrossAttentionSpec", layout_arg, **size)
         elif group.kind == "mla":
-            spec = call("MLAAttentionSpec", Atom("**layout"), **size)
+            spec = call("MLAAttentionSpec", layout_arg, **size)
         elif group.kind in ("mamba", "mamba_align"):
             # One small state tensor: the allocator reads the block size, the mode and the speculative blocks.
             spec = call(
@@ -1025,9 +1035,7 @@ def _make_manager(config: TargetConfig) -> str:
                 num_speculative_blocks=value_node(group.speculative_blocks),
             )
         else:
-            spec = call(
-                "ChunkedLocalAttentionSpec", Atom("**layout"), attention_chunk_size=value_node(group.window), **size
-            )
+            spec = call("ChunkedLocalAttentionSpec", layout_arg, attention_chunk_size=value_node(group.window), **size)
         # kvcheck's make_manager passes the window first; keyword order does not matter to vLLM.
         specs.append(
             call(
@@ -1079,6 +1087,8 @@ def _make_manager(config: TargetConfig) -> str:
     ]
     if any(group.kind not in ("mamba", "mamba_align") for group in config.groups):  # Mamba takes no layout
         lines += lay_out(layout_node, indent=4, prefix="layout = ")
+    if any(group.kv_cache_dtype == "fp8" for group in config.groups):
+        lines.append(f'{INDENT}fp8_layout = {{**layout, "dtype": STR_DTYPE_TO_TORCH_DTYPE["fp8"]}}')
     lines += lay_out(groups_node, indent=4, prefix="groups = ")
     retention: dict[str, Node] = {}
     if config.prefix_cache_retention_interval is not None:
@@ -1189,6 +1199,7 @@ class Step:
         self.reset: object = UNSET
         self.hit: object = UNSET
         self.copies: object = UNSET
+        self.zeroed: object = UNSET
 
     def __enter__(self) -> Step:
         return self
@@ -1232,6 +1243,7 @@ class Step:
         prompt_lengths: dict[str, int] | None = None,
         in_flight: Sequence[tuple[str, list[list[int]]]] = (),
         copies: list[list[int]] | None = None,
+        zeroed: list[int] | None = None,
     ) -> None:
         """Check vLLM after the step, in the order kvcheck checks its invariants (so the first failure names
         the invariant kvcheck reports): vLLM's own consistency, then the state kvcheck's model predicts.
@@ -1242,7 +1254,7 @@ class Step:
         holds.  ``pending_frees`` are the block lists the scheduler popped for a deferred free and has not
         freed yet; ``prompt_lengths`` each request's prompt length (with R-SWA groups); ``in_flight`` the
         block ids each step still in flight reads and writes, per group; ``copies`` the (source,
-        destination) block copies the step queued.
+        destination) block copies the step queued; ``zeroed`` the blocks it hands the worker to zero.
         """
         pool = manager.block_pool
         actual_tables = block_tables(manager)
@@ -1264,6 +1276,9 @@ class Step:
         self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
         self._check_hit_not_written(actual_tables)
+        if zeroed is not None:
+            detail = "the blocks the step hands the worker to zero differ from the model's"
+            self.expect("zeroed_blocks_are_fresh", detail, zeroed, self.zeroed)
         actual_admitted = None if self.allocated is UNSET else self.allocated is not None
         self.expect("admission_matches_model", "admitted differs", admitted, actual_admitted)
         actual_cached = cached_blocks(entries)
@@ -1633,7 +1648,7 @@ EVENT_EDITS = (
         "        in_flight: Sequence[tuple[str, list[list[int]]]] = (),\n", "        events: Sequence[Event] = (),\n"
     ),
     _after(
-        "        destination) block copies the step queued.\n",
+        "        destination) block copies the step queued; ``zeroed`` the blocks it hands the worker to zero.\n",
         "        ``stream`` holds vLLM's KV cache events up to this step, ``self.events`` the step's; ``events`` are\n"
         "        the step's events the model predicts.\n",
     ),

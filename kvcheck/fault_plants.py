@@ -60,14 +60,21 @@ def release_with_and_condition(blocks: Iterable[Any], enable_caching: bool) -> t
 
 
 def take_hits_and_external_interleaved(
-    group_managers: Sequence[Any], request_id: str, hits: Any, num_local: int, num_external: int
+    group_managers: Sequence[Any],
+    request_id: str,
+    hits: Any,
+    num_local: int,
+    num_external: int,
+    skip_zeroing_group_ids: Sequence[int] = (),
 ) -> None:
     """The seed-003 bug: each group takes its hit and allocates for the external tokens before
     the next group has touched its own hit.  kvcore's and vLLM's managers share these method names."""
-    for group_manager, hit in zip(group_managers, hits):
+    for group_id, (group_manager, hit) in enumerate(zip(group_managers, hits)):
         group_manager.add_local_computed_blocks(request_id, hit, num_local, num_external)
         if num_external > 0:
-            group_manager.allocate_external_computed_blocks(request_id, num_local, num_external)
+            group_manager.allocate_external_computed_blocks(
+                request_id, num_local, num_external, record_for_zeroing=group_id not in skip_zeroing_group_ids
+            )
 
 
 def plant_fifo_reuse_when_caching_off(manager: kvcore.KVCacheManager) -> None:
@@ -89,6 +96,7 @@ def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
         new_computed_blocks: tuple[list[KVBlock], ...],
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> None:
         if any(request_id in m.num_cached_blocks for m in coordinator.managers):
             return
@@ -98,6 +106,7 @@ def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
             new_computed_blocks,
             num_local_computed_tokens,
             num_external_computed_tokens,
+            skip_zeroing_group_ids,
         )
 
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
@@ -379,10 +388,15 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         new_computed_blocks: HitBlocks,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> None:
         if request_id not in hit_taken:
             take_hit_then_external(
-                request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+                request_id,
+                new_computed_blocks,
+                num_local_computed_tokens,
+                num_external_computed_tokens,
+                skip_zeroing_group_ids,
             )
             return
         # Admitted: the hit is already in the tables; only the external tokens remain.
@@ -390,7 +404,10 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         if num_external_computed_tokens > 0:
             for group_manager in coordinator.managers:
                 group_manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                    request_id,
+                    num_local_computed_tokens,
+                    num_external_computed_tokens,
+                    record_for_zeroing=group_manager.group_id not in skip_zeroing_group_ids,
                 )
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
@@ -1022,3 +1039,70 @@ def plant_state_entry_left_on_written_block(manager: kvcore.KVCacheManager) -> N
     # The bug: the copy of a state a request cached inside the block it goes on writing is queued, but
     # the cache entry stays on that block, which the request then overwrites.
     manager.block_pool.move_block_hashes = lambda source, destination: None  # type: ignore[method-assign]
+
+
+# -- zeroing records -----------------------------------------------------------------
+# kvcore's and vLLM's group managers share these names: ``new_block_ids``, ``take_new_block_ids``,
+# ``add_local_computed_blocks`` and ``allocate_external_computed_blocks(..., record_for_zeroing=...)``.
+
+
+def keep_zeroing_record(group_managers: Sequence[Any]) -> None:
+    """The record of blocks to zero is handed over but never emptied."""
+    for group_manager in group_managers:
+
+        def take_new_block_ids(group_manager: Any = group_manager) -> list[int]:
+            # The bug: a copy of the record, which keeps every block taken since the manager was built.
+            return list(group_manager.new_block_ids)
+
+        group_manager.take_new_block_ids = take_new_block_ids
+
+
+def record_hit_blocks_for_zeroing(group_managers: Sequence[Any], records: Callable[[Any], bool]) -> None:
+    """A prefix hit's blocks are recorded for zeroing as they enter the table (``records`` tells
+    whether a group manager records its blocks)."""
+    for group_manager in group_managers:
+        take_hit = group_manager.add_local_computed_blocks
+
+        def add_local_computed_blocks(
+            request_id: str,
+            new_computed_blocks: Sequence[Any],
+            *args: Any,
+            group_manager: Any = group_manager,
+            take_hit: Callable[..., None] = take_hit,
+        ) -> None:
+            take_hit(request_id, new_computed_blocks, *args)
+            if records(group_manager):
+                # The bug: the hit is recorded like new blocks, so the worker wipes the cached tokens.
+                group_manager.new_block_ids.extend(b.block_id for b in new_computed_blocks if not b.is_null)
+
+        group_manager.add_local_computed_blocks = add_local_computed_blocks
+
+
+def zero_asynchronous_loads(group_managers: Sequence[Any]) -> None:
+    """External tokens' blocks are recorded for zeroing even when an asynchronous load writes them."""
+    for group_manager in group_managers:
+        allocate = group_manager.allocate_external_computed_blocks
+
+        def allocate_external_computed_blocks(
+            request_id: str,
+            num_local_computed_tokens: int,
+            num_external_computed_tokens: int,
+            record_for_zeroing: bool = True,
+            allocate: Callable[..., None] = allocate,
+        ) -> None:
+            # The bug: the groups a load lands in later (skip_zeroing_group_ids) are zeroed all the same.
+            allocate(request_id, num_local_computed_tokens, num_external_computed_tokens, record_for_zeroing=True)
+
+        group_manager.allocate_external_computed_blocks = allocate_external_computed_blocks
+
+
+def plant_zeroing_record_not_drained(manager: kvcore.KVCacheManager) -> None:
+    keep_zeroing_record(manager.coordinator.managers)
+
+
+def plant_hit_blocks_zeroed(manager: kvcore.KVCacheManager) -> None:
+    record_hit_blocks_for_zeroing(manager.coordinator.managers, lambda group_manager: group_manager.records_new_blocks)
+
+
+def plant_async_load_blocks_zeroed(manager: kvcore.KVCacheManager) -> None:
+    zero_asynchronous_loads(manager.coordinator.managers)

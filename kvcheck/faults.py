@@ -286,6 +286,24 @@ FAULTS: dict[str, Fault] = {
             "cache entry stays on that block: a later hit reads a state overwritten since",
             plants.plant_state_entry_left_on_written_block,
         ),
+        Fault(
+            "zeroing-record-not-drained",
+            "the blocks recorded for the worker to zero are handed over but the record is not emptied: every "
+            "later step zeroes earlier steps' blocks again, wiping computed tokens and cached prefixes",
+            plants.plant_zeroing_record_not_drained,
+        ),
+        Fault(
+            "hit-blocks-zeroed",
+            "a prefix hit's blocks are recorded for zeroing as they enter the request's table, like new "
+            "blocks: the worker wipes the cached tokens the request is about to read",
+            plants.plant_hit_blocks_zeroed,
+        ),
+        Fault(
+            "async-load-blocks-zeroed",
+            "the blocks of an asynchronous external load are recorded for zeroing (skip_zeroing_group_ids "
+            "ignored): the worker's zeroing races the load that writes them",
+            plants.plant_async_load_blocks_zeroed,
+        ),
     )
 }
 

@@ -331,7 +331,9 @@ class StepResult:
     ``reset_done`` for :class:`ResetPrefixCache`; ``num_slots`` for an
     admitted step: the token positions it asked slots for (computed, new,
     drafts and lookahead); ``block_copies`` the (source, destination) block
-    copies the step handed the worker (a sub-block hit's copy on write).
+    copies the step handed the worker (a sub-block hit's copy on write);
+    ``zeroed_block_ids`` the blocks it handed the worker to zero before it
+    runs (when the cache needs zeroing), in the allocator's order.
     """
 
     admitted: bool | None = None
@@ -342,6 +344,7 @@ class StepResult:
     reset_done: bool | None = None
     num_slots: int | None = None
     block_copies: tuple[tuple[int, int], ...] = ()
+    zeroed_block_ids: tuple[int, ...] = ()
 
 
 def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:

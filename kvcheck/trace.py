@@ -211,7 +211,8 @@ class _Reader:
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
             group = self.object(group, field)
-            self.keys(group, {"kind"}, {"window", "speculative_blocks", "block_size", "dcp_replicated"}, field)
+            optional = {"window", "speculative_blocks", "block_size", "dcp_replicated", "kv_cache_dtype"}
+            self.keys(group, {"kind"}, optional, field)
             groups.append(
                 GroupSpec(
                     group["kind"],
@@ -219,6 +220,7 @@ class _Reader:
                     group.get("speculative_blocks", 0),
                     group.get("block_size"),
                     group.get("dcp_replicated", False),
+                    group.get("kv_cache_dtype", "auto"),
                 )
             )
         config = TargetConfig(

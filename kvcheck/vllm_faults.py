@@ -15,13 +15,16 @@ from kvcheck.fault_plants import (
     counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
+    keep_zeroing_record,
     load_cached_before_it_lands,
     padding_counted,
     popped_in_eviction_order,
+    record_hit_blocks_for_zeroing,
     release_with_and_condition,
     rswa_gap_from_the_prompts_last_block,
     take_hits_and_external_interleaved,
     window_slides_on_scheduled_tokens,
+    zero_asynchronous_loads,
 )
 from kvcheck.faults import Fault
 
@@ -53,7 +56,12 @@ def _interleaved_external_alloc(manager: Any) -> None:
             return
         # Before the fix of issue #33775.
         take_hits_and_external_interleaved(
-            managers, request_id, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+            managers,
+            request_id,
+            new_computed_blocks,
+            num_local_computed_tokens,
+            num_external_computed_tokens,
+            skip_zeroing_group_ids,
         )
 
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks
@@ -594,6 +602,20 @@ def _state_entry_left_on_written_block(manager: Any) -> None:
     manager.block_pool.move_block_hashes = lambda source, destination: None
 
 
+def _zeroing_record_not_drained(manager: Any) -> None:
+    keep_zeroing_record(manager.coordinator.single_type_managers)
+
+
+def _hit_blocks_zeroed(manager: Any) -> None:
+    record_hit_blocks_for_zeroing(
+        manager.coordinator.single_type_managers, lambda group_manager: group_manager.records_new_block_ids
+    )
+
+
+def _async_load_blocks_zeroed(manager: Any) -> None:
+    zero_asynchronous_loads(manager.coordinator.single_type_managers)
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -765,6 +787,21 @@ VLLM_FAULTS: dict[str, Fault] = {
             "state-entry-left-on-written-block",
             "vLLM MambaManager.allocate_new_blocks queueing a producer's copy without BlockPool.move_block_hashes",
             _state_entry_left_on_written_block,
+        ),
+        Fault(
+            "zeroing-record-not-drained",
+            "vLLM SingleTypeKVCacheManager.take_new_block_ids returning a copy of new_block_ids without emptying it",
+            _zeroing_record_not_drained,
+        ),
+        Fault(
+            "hit-blocks-zeroed",
+            "vLLM add_local_computed_blocks appending the hit's blocks to new_block_ids",
+            _hit_blocks_zeroed,
+        ),
+        Fault(
+            "async-load-blocks-zeroed",
+            "vLLM allocate_external_computed_blocks recording for zeroing whatever record_for_zeroing says",
+            _async_load_blocks_zeroed,
         ),
     )
 }

@@ -295,6 +295,10 @@ class KVCacheConfig:
     context parallelism with prefix caching, a retention interval, or an
     EAGLE drafter (whose drop vLLM's hybrid lookup gives a Mamba group no
     margin for).
+
+    ``kv_cache_dtypes`` names each group's KV cache dtype (empty: one dtype
+    for every group).  With a Mamba group, or attention groups of different
+    dtypes, the worker zeroes new blocks before use (:attr:`needs_zeroing`).
     The block sizes vLLM 0.33.0's manager refuses are refused by field.
     """
 
@@ -313,9 +317,11 @@ class KVCacheConfig:
     prefix_cache_retention_interval: int | None = attrs.field(default=None)
     dcp_world_size: int = attrs.field(default=1, validator=_positive_int)
     dcp_replicated_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    kv_cache_dtypes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         self._check_group_ids("dcp_replicated_group_ids", self.dcp_replicated_group_ids)
+        self._check_kv_cache_dtypes()
         for index in self.dcp_replicated_group_ids:
             if isinstance(self.groups[index], MambaSpec):
                 raise InvalidConfig(
@@ -375,6 +381,29 @@ class KVCacheConfig:
                     f"a drafter with prefix caching needs scheduler_block_size (={self.scheduler_block_size}) >= "
                     "its prefill lookahead",
                 )
+
+    def _check_kv_cache_dtypes(self) -> None:
+        dtypes = self.kv_cache_dtypes
+        if dtypes and len(dtypes) != len(self.groups):
+            raise InvalidConfig(
+                "kv_cache_dtypes", dtypes, f"names {len(dtypes)} dtypes for {len(self.groups)} groups (one per group)"
+            )
+        for index, dtype in enumerate(dtypes):
+            if not isinstance(dtype, str) or not dtype:
+                raise InvalidConfig(f"kv_cache_dtypes[{index}]", dtype, "must be a dtype's name")
+
+    @property
+    def needs_zeroing(self) -> bool:
+        """Whether the worker zeroes new blocks before use, so the allocator records them
+        (:meth:`~kvcore.KVCacheManager.take_new_block_ids`): with a Mamba group, whose state is read
+        before it is fully written, or attention groups of different dtypes, where a block reused across
+        groups would be read in the other dtype (vLLM 0.33.0's ``needs_kv_cache_zeroing``)."""
+        if any(isinstance(spec, MambaSpec) for spec in self.groups):
+            return True
+        attention_dtypes = {
+            dtype for spec, dtype in zip(self.groups, self.kv_cache_dtypes) if not isinstance(spec, MambaSpec)
+        }
+        return len(attention_dtypes) > 1
 
     def _check_aligned_mamba(self) -> None:
         """Refuse what vLLM 0.33.0 refuses beside an ``align``-mode Mamba group, and what kvcore does not

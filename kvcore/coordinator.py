@@ -37,6 +37,7 @@ class KVCacheCoordinator:
         for manager in self.managers:
             manager.hit_alignment = self.hit_alignment
             manager.retention_interval = config.prefix_cache_retention_interval
+            manager.records_new_blocks = config.needs_zeroing and manager.zeroed
         if config.max_in_flight_tokens is not None:
             for manager, spec in zip(self.managers, config.groups):
                 manager.max_admission_blocks = manager.admission_cap(
@@ -83,8 +84,10 @@ class KVCacheCoordinator:
         new_computed_blocks: HitBlocks,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> None:
-        """Take a new request's local hit in every group, then allocate for its external tokens.
+        """Take a new request's local hit in every group, then allocate for its external tokens (not
+        recorded for zeroing in the groups of ``skip_zeroing_group_ids``, which a load writes later).
 
         The two phases are not interleaved per group: allocating one group's
         external blocks pops the head of the free queue, which may be another
@@ -99,7 +102,10 @@ class KVCacheCoordinator:
         if num_external_computed_tokens > 0:
             for manager in self.managers:
                 manager.allocate_external_computed_blocks(
-                    request_id, num_local_computed_tokens, num_external_computed_tokens
+                    request_id,
+                    num_local_computed_tokens,
+                    num_external_computed_tokens,
+                    record_for_zeroing=manager.group_id not in skip_zeroing_group_ids,
                 )
 
     def allocate_new_blocks(
@@ -151,6 +157,10 @@ class KVCacheCoordinator:
     def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
         """Forget the request in every group and return its blocks, group 0's first, still referenced."""
         return [block for manager in self.managers for block in manager.pop_blocks_for_free(request_id)]
+
+    def take_new_block_ids(self) -> list[int]:
+        """Every group's blocks recorded for zeroing since the last call, group by group."""
+        return [block_id for manager in self.managers for block_id in manager.take_new_block_ids()]
 
     def take_pending_copies(self) -> list[tuple[KVBlock, KVBlock]]:
         """Every group's queued block copies (source, destination), group 0's first."""
@@ -206,9 +216,10 @@ class HybridCoordinator(KVCacheCoordinator):
         spec_groups: list[_SpecGroup] = []
         drop_group_ids = config.drop_group_ids
 
-        def spec_key(group_id: int) -> tuple[AttentionSpec, bool]:
-            # vLLM's spec: the block size per rank, and whether decode context parallelism shards it.
-            return config.groups[group_id], config.dcp_sharded(group_id)
+        def spec_key(group_id: int) -> tuple[AttentionSpec, bool, str | None]:
+            # vLLM's spec: the block size per rank, whether decode context parallelism shards it, the dtype.
+            dtype = config.kv_cache_dtypes[group_id] if config.kv_cache_dtypes else None
+            return config.groups[group_id], config.dcp_sharded(group_id), dtype
 
         for group_id, manager in enumerate(self.managers):
             if not is_prefix_cacheable(manager.spec):

@@ -75,6 +75,7 @@ class KVCacheManager:
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
         num_encoder_tokens: int = 0,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> GroupBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead).
 
@@ -88,7 +89,12 @@ class KVCacheManager:
         groups capped by ``max_in_flight_tokens``, must fit now),
         ``reserved_blocks`` (kept free for other requests' steps in flight)
         and ``has_scheduled_reqs`` (whether any request runs: only then does
-        the watermark keep blocks free for a waiting request).  Order of work:
+        the watermark keep blocks free for a waiting request).  When the cache
+        needs zeroing (:attr:`~kvcore.KVCacheConfig.needs_zeroing`), the new
+        blocks of attention groups are recorded for
+        :meth:`take_new_block_ids`, but the external tokens' blocks in
+        ``skip_zeroing_group_ids`` (which an asynchronous load writes after the
+        step: zeroing them would race it).  Order of work:
 
         0. With ``full_sequence_must_fit``, refuse (return ``None``, nothing
            changed) unless the whole request fits beside the watermark.
@@ -120,6 +126,9 @@ class KVCacheManager:
         ):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgument(name, value, "must be an int >= 0")
+        for group_id in skip_zeroing_group_ids:
+            if not isinstance(group_id, int) or not 0 <= group_id < self.num_groups:
+                raise InvalidArgument("skip_zeroing_group_ids", tuple(skip_zeroing_group_ids), "names no group")
         if num_new_tokens == 0 and num_new_computed_tokens == 0 and num_external_computed_tokens == 0:
             raise InvalidArgument("num_new_tokens", 0, "must be > 0 when no computed tokens are adopted")
         if new_computed_blocks is None:
@@ -174,7 +183,11 @@ class KVCacheManager:
             return None
         if has_hit or num_external_computed_tokens > 0:
             coordinator.allocate_new_computed_blocks(
-                rid, new_computed_blocks, num_local_computed_tokens, num_external_computed_tokens
+                rid,
+                new_computed_blocks,
+                num_local_computed_tokens,
+                num_external_computed_tokens,
+                skip_zeroing_group_ids,
             )
         new_blocks = coordinator.allocate_new_blocks(
             rid, num_tokens_need_slot, num_encoder_tokens, num_tokens_main_model
@@ -282,6 +295,12 @@ class KVCacheManager:
         for block in retained:
             self._popped[block.block_id] = self._popped.get(block.block_id, 0) + 1
         return [(source.block_id, copy.block_id) for source, copy in pairs], retained
+
+    def take_new_block_ids(self) -> list[int]:
+        """The blocks the worker must zero before the step runs, recorded since the last call: every
+        block an attention group (not a ring buffer) took from the pool, a copy on write's new block
+        included, group by group in the order taken; empty unless the cache needs zeroing."""
+        return self.coordinator.take_new_block_ids()
 
     def free_retained_blocks(self, blocks: Sequence[KVBlock]) -> None:
         """Release the endpoints of block copies from :meth:`take_block_copies`, in the order given."""

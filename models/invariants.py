@@ -17,7 +17,7 @@ import attrs
 from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
 from kvcheck.models.manager_model import ceil_div
 from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
-from kvcheck.ops import Operation, Schedule, StepResult, describe_op
+from kvcheck.ops import Operation, Schedule, StartAsyncLoad, StepResult, describe_op
 
 
 @attrs.define(eq=False)
@@ -763,6 +763,127 @@ def block_copies_well_formed(check: StepCheck) -> None:
             )
 
 
+def zeroed_blocks_are_fresh(check: StepCheck) -> None:
+    """The blocks a step hands the worker to zero are exactly the fresh blocks of attention groups
+    (not ring buffers, not Mamba states), when the cache needs zeroing: every block the allocation
+    returned (a copy on write's new block included) and the blocks of a synchronous load's external
+    tokens; never a block holding data the step reads: a hit block, a copy's source, another request's
+    block, a block taken before the step, or a block an asynchronous load writes after the step
+    (zeroing it races the load).  None at all when the cache needs no zeroing.  Checked on the
+    target's own state, then against the model's list (in the allocator's order).
+
+    Guards: zeroing a prefix hit or a copy's source (the cached tokens wiped before they are read); a
+    record never emptied, so a later step zeroes blocks holding computed tokens; new blocks left
+    unzeroed; an asynchronous load's blocks zeroed under it."""
+    _zeroed_blocks_fresh_on_the_target(check)
+    _same_zeroed_blocks(check)
+
+
+def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
+    result = check.sut_result
+    zeroed = result.zeroed_block_ids
+    config = check.config
+    request_id = getattr(check.op, "request_id", None)
+    tables = check.sut.tables.get(request_id, ())
+    if zeroed and not config.needs_zeroing:
+        _fail(check, "zeroed_blocks_are_fresh", "blocks handed over for zeroing by a cache that needs none", (), zeroed)
+    zeroed_groups = config.zeroed_group_ids
+    own = {block for group_id, table in enumerate(tables) if group_id in zeroed_groups for block in table if block}
+    # The hit blocks the request took (a window may skip some, which the allocation may then reuse).
+    hit = {
+        block
+        for group, table in zip(result.hit_block_ids or (), tables)
+        for block, held in zip(group, table)
+        if block and block == held
+    }
+    sources = {source for source, _ in result.block_copies}
+    others = {
+        block
+        for rid, groups in check.sut.tables.items()
+        if rid != request_id
+        for table in groups
+        for block in table
+        if block
+    }
+    for block in zeroed:
+        reason = (
+            "the source of a block copy"
+            if block in sources
+            else "a block of the step's hit"
+            if block in hit
+            else "held by another request"
+            if block in others
+            else f"not in a zeroed group of request {request_id}'s tables"
+            if block not in own
+            else None
+        )
+        if reason is not None:
+            _fail(check, "zeroed_blocks_are_fresh", f"block {block} is handed over for zeroing: {reason}", None, zeroed)
+    if not config.needs_zeroing or not result.admitted:
+        return
+    expected: set[int] = set()
+    for group_id in sorted(zeroed_groups):
+        if result.new_block_ids is not None:
+            expected.update(block for block in result.new_block_ids[group_id] if block)
+    if result.num_external_tokens and tables:
+        loads_later = isinstance(check.op, StartAsyncLoad)
+        end = (result.hit_length or 0) + result.num_external_tokens
+        for group_id in sorted(zeroed_groups):
+            group = config.groups[group_id]
+            if group.kind == "cross_attention":
+                continue  # its blocks hold the encoder's tokens, not loaded ones
+            # A load writes the tokens past the hit that the group still reads.
+            start = max(result.hit_length or 0, group.first_attended_token(end))
+            if start >= end:
+                continue
+            block_size = config.group_block_size(group_id)
+            loaded = {block for block in tables[group_id][start // block_size : ceil_div(end, block_size)] if block}
+            loaded -= hit
+            if loads_later and group_id in config.async_loaded_group_ids:
+                written = loaded & set(zeroed)
+                if written:
+                    _fail(
+                        check,
+                        "zeroed_blocks_are_fresh",
+                        f"group {group_id}: blocks {sorted(written)} an asynchronous load writes after the step "
+                        "are handed over for zeroing",
+                        None,
+                        zeroed,
+                    )
+            elif not loads_later:
+                expected |= loaded
+    missing = expected - set(zeroed)
+    if missing:
+        _fail(
+            check,
+            "zeroed_blocks_are_fresh",
+            f"fresh blocks {sorted(missing)} of request {request_id} are not handed over for zeroing",
+            sorted(expected),
+            zeroed,
+        )
+    stale = set(zeroed) - expected
+    if stale:
+        _fail(
+            check,
+            "zeroed_blocks_are_fresh",
+            f"blocks {sorted(stale)} of request {request_id} that the step did not take fresh are handed over "
+            "for zeroing",
+            sorted(expected),
+            zeroed,
+        )
+
+
+def _same_zeroed_blocks(check: StepCheck) -> None:
+    if check.sut_result.zeroed_block_ids != check.model_result.zeroed_block_ids:
+        _fail(
+            check,
+            "zeroed_blocks_are_fresh",
+            "the blocks the step hands the worker to zero differ from the model's",
+            check.model_result.zeroed_block_ids,
+            check.sut_result.zeroed_block_ids,
+        )
+
+
 Invariant = Callable[[StepCheck], None]
 
 ALL_INVARIANTS: tuple[Invariant, ...] = (
@@ -780,6 +901,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     in_flight_blocks_held,
     hit_block_never_written,
     block_copies_well_formed,
+    zeroed_blocks_are_fresh,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,
@@ -804,6 +926,7 @@ def check_results(
     and the reset's outcome.  The steps between two full checks (:class:`kvcheck.lockstep.Lockstep`
     with ``full_check_every``) run these."""
     check = StepCheck(step, op, config, sut_result, model_result, NOT_OBSERVED, NOT_OBSERVED)
+    _same_zeroed_blocks(check)
     admission_matches_model(check)
     hit_is_sound_and_maximal(check)
     _same_block_copies(check)

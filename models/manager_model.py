@@ -144,6 +144,10 @@ class ManagerModel:
         self.step_copies: list[tuple[int, int]] = []
         """The block copies (source, destination) the allocation of the current step queued; each of
         their blocks holds one reference more until the step releases them (:meth:`_release_copies`)."""
+        self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
+        """The groups whose blocks taken from the pool the worker zeroes before the step."""
+        self.to_zero: dict[int, list[int]] = {}
+        """Per group, the blocks the current operation took that the worker zeroes, in the order taken."""
 
     # -- reading --------------------------------------------------------------
 
@@ -427,6 +431,15 @@ class ManagerModel:
     # -- operations -----------------------------------------------------------
 
     def apply(self, op: Operation) -> StepResult:
+        result = self._apply(op)
+        if self.to_zero:
+            # The allocator hands them over group by group.
+            zeroed = tuple(block for group_id in sorted(self.to_zero) for block in self.to_zero[group_id])
+            self.to_zero = {}
+            result = attrs.evolve(result, zeroed_block_ids=zeroed)
+        return result
+
+    def _apply(self, op: Operation) -> StepResult:
         if isinstance(op, AddRequest):
             self.requests[op.request_id] = RequestModel(op.request_id, list(op.prompt), len(op.prompt))
             return StepResult()
@@ -548,11 +561,12 @@ class ManagerModel:
         external: int,
         slots: int,
         main_model_tokens: int | None = None,
+        load_lands_later: bool = False,
     ) -> GroupIds | None:
         """``allocate_slots``: the request's table grows to ``slots`` token positions (an align-mode
         Mamba group's to ``main_model_tokens``, the slots without a drafter's lookahead), a waiting
-        request first taking its hit and ``external`` loaded tokens; the new blocks, or ``None`` when
-        refused."""
+        request first taking its hit and ``external`` loaded tokens (not zeroed where
+        ``load_lands_later`` writes them); the new blocks, or ``None`` when refused."""
         main = slots if main_model_tokens is None else main_model_tokens
         request = self.requests[rid]
         num_groups = len(self.groups)
@@ -603,7 +617,8 @@ class ManagerModel:
                     group.kind == "ring"
                     or (group.kind != "cross_attention" and total_computed - skipped_tokens(group, total_computed) > 0)
                 ):
-                    self._grow(rid, group_id, total_computed, loaded=True)
+                    zero = not (load_lands_later and group_id in self.config.async_loaded_group_ids)
+                    self._grow(rid, group_id, total_computed, loaded=True, zero=zero)
         return tuple(
             tuple(self._grow(rid, group_id, main if group.kind == "mamba_align" else slots))
             for group_id, group in enumerate(self.groups)
@@ -714,9 +729,10 @@ class ManagerModel:
             return ceil_div(self.config.num_encoder_tokens, block_size) if self.requests[rid].waiting else 0
         return group.slot_blocks(num_tokens, block_size)
 
-    def _grow(self, rid: str, group_id: int, num_tokens: int, loaded: bool = False) -> list[int]:
+    def _grow(self, rid: str, group_id: int, num_tokens: int, loaded: bool = False, zero: bool = True) -> list[int]:
         """Grow the table to give ``num_tokens`` slots; ``loaded``: blocks for tokens an external
-        connector loads, which take a block per ``block_size`` tokens in every kind but a ring."""
+        connector loads, which take a block per ``block_size`` tokens in every kind but a ring.  The
+        blocks taken are recorded for zeroing in a zeroed group, unless not ``zero``."""
         table = self.table(rid, group_id)
         wanted = (
             ceil_div(num_tokens, self.block_sizes[group_id])
@@ -734,6 +750,8 @@ class ManagerModel:
             self.step_copies.append((source, copied[0]))
         added = self.pool.take_free(max(0, wanted - len(table)))
         table.extend(added)
+        if zero and group_id in self.zeroed_groups:
+            self.to_zero.setdefault(group_id, []).extend(copied + added)
         return copied + added
 
     def _grow_states(self, rid: str, group_id: int, wanted: int) -> list[int]:
@@ -951,7 +969,7 @@ class ManagerModel:
         if external <= 0:
             return StepResult()
         total_computed = request.num_computed_tokens + hit_length + external
-        new_ids = self._allocate(rid, True, hit_ids, total_computed, external, total_computed)
+        new_ids = self._allocate(rid, True, hit_ids, total_computed, external, total_computed, load_lands_later=True)
         if new_ids is None:
             return StepResult(admitted=False, hit_length=hit_length, hit_block_ids=hit_ids)
         request.num_computed_tokens = total_computed

@@ -11,7 +11,7 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, MAMBA_KINDS, SLIDING_KINDS, TargetConfig
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -22,6 +22,7 @@ from kvcheck.ops import (
     ResetPrefixCache,
     Schedule,
     SpecDecode,
+    StartAsyncLoad,
     StepResult,
 )
 
@@ -57,6 +58,8 @@ MAMBA_ALIGN_HIT = "prefix hit on an align-mode Mamba state"
 MAMBA_ALIGN_PADDED = "align-mode Mamba step padded null blocks before its new state"
 SUB_BLOCK_HIT_COPIED = "hit ending inside a block copied on write"
 STATE_COPIED_FOR_CACHE = "Mamba state cached inside a block copied for the cache"
+MIXED_PRECISION_ZEROED = "new blocks zeroed in a cache of two KV cache dtypes"
+ASYNC_LOAD_LEFT_UNZEROED = "async load's blocks left out of zeroing"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -91,6 +94,8 @@ ALL_LABELS = (
     MAMBA_ALIGN_PADDED,
     SUB_BLOCK_HIT_COPIED,
     STATE_COPIED_FOR_CACHE,
+    MIXED_PRECISION_ZEROED,
+    ASYNC_LOAD_LEFT_UNZEROED,
 )
 
 
@@ -129,6 +134,8 @@ def reachable_labels(num_groups: int | str | None) -> tuple[str, ...]:
             HIT_ACROSS_BLOCK_SIZES,
             PARTIAL_ENTRY_CACHED,
             SHARED_PREFIX_RECORDED,
+            MIXED_PRECISION_ZEROED,
+            ASYNC_LOAD_LEFT_UNZEROED,
         )
         return tuple(label for label in general if label not in multi_group)
     return general
@@ -343,6 +350,15 @@ def step_labels(
             labels.append(MAMBA_ALIGN_PADDED)
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
+    if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):
+        labels.append(MIXED_PRECISION_ZEROED)
+    if (
+        isinstance(op, StartAsyncLoad)
+        and result.admitted
+        and model.config.needs_zeroing
+        and model.config.zeroed_group_ids & set(model.config.async_loaded_group_ids)
+    ):
+        labels.append(ASYNC_LOAD_LEFT_UNZEROED)
     if isinstance(op, Schedule | SpecDecode) and result.admitted and before.ring_held:
         labels.append(RING_BLOCK_KEPT)
     if (

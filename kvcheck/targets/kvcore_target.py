@@ -54,6 +54,7 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         dcp_world_size=config.dcp_world_size,
         dcp_replicated_group_ids=config.dcp_replicated_group_ids,
+        kv_cache_dtypes=tuple(group.kv_cache_dtype for group in config.groups),
     )
 
 
@@ -105,6 +106,7 @@ class KvcoreTarget(SchedulerDrivenTarget):
             num_lookahead_tokens=num_lookahead_tokens,
             num_external_computed_tokens=external,
             delay_cache_blocks=delay_cache_blocks,
+            skip_zeroing_group_ids=self.config.async_loaded_group_ids if delay_cache_blocks else (),
             **gates,
         )
 
@@ -128,6 +130,9 @@ class KvcoreTarget(SchedulerDrivenTarget):
 
     def _free_retained(self, blocks: list[Any]) -> None:
         self.manager.free_retained_blocks(blocks)
+
+    def _take_new_block_ids(self) -> list[int]:
+        return self.manager.take_new_block_ids()
 
     def _new_step_starts(self) -> None:
         self.manager.new_step_starts()

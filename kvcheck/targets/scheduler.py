@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+import attrs
+
 from kvcheck.config import TargetConfig
 from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -107,6 +109,10 @@ class SchedulerDrivenTarget:
         """Release the endpoints of run block copies, in the order given."""
         raise NotImplementedError
 
+    def _take_new_block_ids(self) -> list[int]:
+        """``take_new_block_ids``: the blocks recorded for the worker to zero since the last call."""
+        raise NotImplementedError
+
     def _new_step_starts(self) -> None:
         """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
 
@@ -184,6 +190,11 @@ class SchedulerDrivenTarget:
 
     def apply(self, op: Operation) -> StepResult:
         result = self._apply(op)
+        # As vLLM's scheduler drains the record every step, and hands it to the worker only when the
+        # cache needs zeroing.
+        zeroed = self._take_new_block_ids()
+        if zeroed and self.config.needs_zeroing:
+            result = attrs.evolve(result, zeroed_block_ids=tuple(zeroed))
         if self.config.enable_kv_cache_events:
             # As vLLM's scheduler publishes them: every event of the step, once it is done.
             for event in self._take_events():

@@ -83,6 +83,7 @@ def _import_allocator(version: str) -> SimpleNamespace:
     import torch
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.block_pool import BlockPool
     from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -109,6 +110,8 @@ def _import_allocator(version: str) -> SimpleNamespace:
     return SimpleNamespace(
         version=version,
         dtype=torch.float32,
+        # As vLLM's engine stores a KV cache of --kv-cache-dtype fp8.
+        fp8_dtype=STR_DTYPE_TO_TORCH_DTYPE["fp8"],
         hash_fn=hash_fn,
         hashers={},
         sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN),
@@ -142,7 +145,8 @@ def _import_allocator(version: str) -> SimpleNamespace:
 def attention_spec(group: GroupSpec, block_size: int) -> Any:
     """vLLM's attention spec of one group, with ``block_size`` tokens per block on one rank."""
     v = require_vllm()
-    layout: dict[str, Any] = {"block_size": block_size, "dtype": v.dtype, **LAYER_LAYOUT}
+    dtype = v.fp8_dtype if group.kv_cache_dtype == "fp8" else v.dtype
+    layout: dict[str, Any] = {"block_size": block_size, "dtype": dtype, **LAYER_LAYOUT}
     if group.dcp_replicated:
         # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
         layout["dcp_sharded"] = False
@@ -338,6 +342,8 @@ class VllmTarget(SchedulerDrivenTarget):
             "num_lookahead_tokens": num_lookahead_tokens,
             "num_external_computed_tokens": external,
             "delay_cache_blocks": delay_cache_blocks,
+            # As vLLM's scheduler asks the connector which groups a load that lands later writes.
+            "skip_zeroing_group_ids": self.config.async_loaded_group_ids if delay_cache_blocks else (),
             **gates,
         }
 
@@ -354,6 +360,9 @@ class VllmTarget(SchedulerDrivenTarget):
     def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
         copies, retained = self.manager.take_kv_cache_block_copies()
         return [(copy.src_block_id, copy.dst_block_id) for copy in copies], retained
+
+    def _take_new_block_ids(self) -> list[int]:
+        return self.manager.take_new_block_ids()
 
     def _free_retained(self, blocks: list[Any]) -> None:
         # As the scheduler releases the endpoints of copies it does not defer: in the order given.

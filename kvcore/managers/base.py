@@ -65,6 +65,9 @@ class SingleTypeManager:
     kind: ClassVar[str] = ""
     counts_main_model_slots: ClassVar[bool] = False
     """The group's slots are the main model's tokens only, not a drafter's lookahead (align-mode Mamba)."""
+    zeroed: ClassVar[bool] = True
+    """The worker zeroes this group's new blocks when the cache needs zeroing (attention groups; not a
+    ring buffer's scratch block, not Mamba states)."""
 
     def __init__(self, spec: AttentionSpec, pool: BlockPool, group_id: int, enable_caching: bool) -> None:
         self.spec = spec
@@ -88,6 +91,10 @@ class SingleTypeManager:
         """Per request: a shared block its table holds at a position where it writes next (a hit ending
         inside the block), to be copied to a block of its own by the next allocation."""
         self.pending_copies: list[tuple[KVBlock, KVBlock]] = []
+        self.records_new_blocks = False
+        """Whether new blocks are recorded for the worker to zero (set by the coordinator)."""
+        self.new_block_ids: list[int] = []
+        """Blocks taken for this group since the last :meth:`take_new_block_ids`, to be zeroed."""
         """Block copies (source, destination) the worker must run before the step's writes, not yet taken
         by the caller; each endpoint holds one reference more until the caller releases it."""
 
@@ -206,8 +213,10 @@ class SingleTypeManager:
         request_id: str,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None:
-        """Give a new request blocks for the tokens an external connector loads.
+        """Give a new request blocks for the tokens an external connector loads; ``record_for_zeroing=False`` leaves
+        them out of the blocks to zero (a load landing after the step writes them).
 
         Must run only after every group's local hit was taken
         (:meth:`add_local_computed_blocks`): otherwise this group's allocation
@@ -221,7 +230,10 @@ class SingleTypeManager:
             return
         table = self.req_to_blocks.setdefault(request_id, [])
         num_new_blocks = max(0, ceil_div(total_computed_tokens, self.block_size) - len(table))
-        table.extend(self.pool.get_new_blocks(num_new_blocks))
+        new_blocks = self.pool.get_new_blocks(num_new_blocks)
+        table.extend(new_blocks)
+        if record_for_zeroing:
+            self.record_new_blocks(new_blocks)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVBlock]:
         """Copy a partially hit block to a new block of the request's own (put in its place), then grow
@@ -232,13 +244,25 @@ class SingleTypeManager:
             copy = self.pool.get_new_blocks(1)[0]
             self._copy_on_write(request_id, position, source, copy)
             copies.append(copy)
+            self.record_new_blocks(copies)
         table = self.req_to_blocks.setdefault(request_id, [])
         num_new_blocks = ceil_div(num_tokens, self.block_size) - len(table)
         if num_new_blocks <= 0:
             return copies
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         table.extend(new_blocks)
+        self.record_new_blocks(new_blocks)
         return copies + new_blocks
+
+    def record_new_blocks(self, blocks: Sequence[KVBlock]) -> None:
+        """Record blocks just taken from the pool for the worker to zero, if this group's are zeroed."""
+        if self.records_new_blocks:
+            self.new_block_ids.extend(block.block_id for block in blocks)
+
+    def take_new_block_ids(self) -> list[int]:
+        """The blocks recorded for zeroing since the last call, in the order taken; the record is emptied."""
+        block_ids, self.new_block_ids = self.new_block_ids, []
+        return block_ids
 
     def _copy_on_write(self, request_id: str, position: int, source: KVBlock, copy: KVBlock) -> None:
         """Put ``copy`` in place of the shared ``source`` at ``position`` of the request's table and queue

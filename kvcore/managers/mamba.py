@@ -26,6 +26,7 @@ class MambaManager(TakesNoHit, SingleTypeManager):
     """
 
     kind = "mamba"
+    zeroed = False
     spec: MambaSpec
 
     def num_skipped_tokens(self, num_computed_tokens: int) -> int:

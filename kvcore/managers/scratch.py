@@ -34,6 +34,7 @@ class CircularBufferManager(_UncachedManager):
     """One block per request, claimed at its first allocation and kept until it is freed."""
 
     kind = "ring"
+    zeroed = False
 
     def _claim(self, request_id: str) -> list[KVBlock]:
         table = self.req_to_blocks.setdefault(request_id, [])
@@ -61,6 +62,7 @@ class CircularBufferManager(_UncachedManager):
         request_id: str,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None:
         self._claim(request_id)
 
@@ -91,5 +93,6 @@ class CrossAttentionManager(_UncachedManager):
         request_id: str,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        record_for_zeroing: bool = True,
     ) -> None:
         return

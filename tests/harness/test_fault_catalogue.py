@@ -39,6 +39,8 @@ PRODUCER_STEPS: list[Operation] = [
 """A request whose prompt's last hash boundary (6) falls inside a 4-token Mamba block: its chunks stop
 at 4 and 6, and its third step writes the block holding the state cached at 6."""
 
+MIXED_DTYPES = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4, kv_cache_dtype="fp8")), True)
+
 SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Freed with caching off, r0's block 1 must go back to the head, before the
     # never-used block 2; FIFO puts it behind.
@@ -369,6 +371,27 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
         PRODUCER_STEPS,
         "lru_eviction_when_caching_on",
+    ),
+    # Full attention beside a sliding window in fp8: two KV cache dtypes, so new blocks are zeroed.
+    "zeroing-record-not-drained": (
+        MIXED_DTYPES,
+        [AddRequest("a", (1, 2, 3)), Schedule("a", 3, 0, 7), Schedule("a", 1, 0, 7)],
+        "zeroed_blocks_are_fresh",
+    ),
+    "hit-blocks-zeroed": (
+        MIXED_DTYPES,
+        [
+            AddRequest("a", (1, 2, 3, 4)),
+            Schedule("a", 4, 0, 7),
+            AddRequest("b", (1, 2, 3, 4, 5)),
+            Schedule("b", 5, 0, 7),
+        ],
+        "zeroed_blocks_are_fresh",
+    ),
+    "async-load-blocks-zeroed": (
+        MIXED_DTYPES,
+        [AddRequest("a", (1, 2, 3, 4, 5, 6, 7)), StartAsyncLoad("a", 4)],
+        "zeroed_blocks_are_fresh",
     ),
 }
 

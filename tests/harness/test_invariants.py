@@ -265,6 +265,11 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         assert check.sut_result.block_copies == ((7, 6),)
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, block_copies=((7, 8),)))
 
+    def zeroing_a_hit_block() -> StepCheck:
+        check = sub_block_hit_step()
+        assert check.sut_result.zeroed_block_ids == (5,)
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, zeroed_block_ids=(5, 4)))
+
     return {
         "no_duplicate_block_ids": duplicate,
         "ref_cnt_matches_holders": wrong_ref_cnt,
@@ -280,6 +285,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "in_flight_blocks_held": in_flight_block_freed,
         "hit_block_never_written": hit_ending_inside_a_block,
         "block_copies_well_formed": copy_into_another_block,
+        "zeroed_blocks_are_fresh": zeroing_a_hit_block,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
         "failed_allocation_changes_nothing": leaky_refusal,
@@ -293,6 +299,25 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
 
 
 BREAKAGES = breakages()
+
+
+def sub_block_hit_step(finish_first: bool = True) -> StepCheck:
+    """Full attention in 2-token blocks beside Mamba states in 4-token blocks, hashed every 2 tokens (a
+    Mamba group: the cache needs zeroing): a computes 7 tokens, then b's 6-token hit (full attention's
+    blocks 1, 2, 4; state block 7, copied into block 6) takes new block 5 for full attention, the one
+    block handed over for zeroing.  With ``finish_first`` false, a still holds its blocks."""
+    config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+    prompt = (1, 2, 3, 4, 5, 6, 7)
+    return checked_step(
+        config,
+        [
+            AddRequest("a", prompt),
+            *[Schedule("a", 7, 0, 0)] * 3,
+            *([Finish("a")] if finish_first else []),
+            AddRequest("b", (*prompt[:6], 9, 9, 9)),
+            Schedule("b", 9, 0, 0),
+        ],
+    )
 
 
 def test_every_invariant_has_a_breaking_step() -> None:
@@ -314,6 +339,40 @@ def test_the_invariant_fires_by_name_on_a_step_that_breaks_it(name: str) -> None
     assert caught.value.invariant == name, str(caught.value)
     assert caught.value.step == check.step
     assert name in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("finish_first", "zeroed", "reason"),
+    [
+        (True, (5, 4), "a block of the step's hit"),
+        (True, (5, 7), "the source of a block copy"),
+        (True, (6, 5), "not in a zeroed group"),
+        (True, (), "fresh blocks [5]"),
+        (False, (5, 3), "held by another request"),
+    ],
+    ids=["hit block", "copy source", "Mamba state copy", "new block left out", "another request's block"],
+)
+def test_zeroing_a_block_with_data_or_missing_a_fresh_one_fails_by_name(
+    finish_first: bool, zeroed: tuple[int, ...], reason: str
+) -> None:
+    """Each way of handing the worker the wrong blocks to zero fails zeroed_blocks_are_fresh, saying why."""
+    check = sub_block_hit_step(finish_first)
+    assert check.sut_result.zeroed_block_ids == check.model_result.zeroed_block_ids
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, zeroed_block_ids=zeroed)))
+    assert caught.value.invariant == "zeroed_blocks_are_fresh", str(caught.value)
+    assert reason in caught.value.detail
+
+
+def test_a_cache_that_needs_no_zeroing_hands_over_no_block() -> None:
+    """One dtype and no Mamba group: no block is zeroed, and one handed over fails by name."""
+    check = two_requests_sharing_a_prefix()
+    assert not check.config.needs_zeroing and check.sut_result.zeroed_block_ids == ()
+    block = check.sut.tables["b"][0][-1]
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, zeroed_block_ids=(block,))))
+    assert caught.value.invariant == "zeroed_blocks_are_fresh"
+    assert "needs none" in caught.value.detail
 
 
 def broken_event_streams() -> dict[str, tuple[object, ...]]:

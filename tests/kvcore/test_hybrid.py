@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -91,6 +91,7 @@ def allocate_new_computed_blocks_interleaved_per_group(coordinator: KVCacheCoord
         new_computed_blocks: HitBlocks,
         num_local_computed_tokens: int,
         num_external_computed_tokens: int,
+        skip_zeroing_group_ids: Sequence[int] = (),
     ) -> None:
         for manager, hit in zip(coordinator.managers, new_computed_blocks):
             manager.add_local_computed_blocks(request_id, hit, num_local_computed_tokens, num_external_computed_tokens)
