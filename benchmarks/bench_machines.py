@@ -112,6 +112,7 @@ def main() -> None:
     print_context_parallel_cost(args)
     print_mamba_align_cost(args)
     print_sub_block_cost(args)
+    print_zeroing_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -229,6 +230,18 @@ def print_sub_block_cost(args: argparse.Namespace) -> None:
 
     print_on_off_cost(
         args, forced, "hybrid Mamba layouts with caching in every run, sub-block hits on or off", ("sub-block", "block")
+    )
+
+
+def print_zeroing_cost(args: argparse.Namespace) -> None:
+    """Attention groups of two KV cache dtypes in every swarm run with two attention groups or more (new
+    blocks recorded for zeroing and checked), then in none (the same draws otherwise), checked and
+    unchecked: what the zeroing records cost."""
+    print_on_off_cost(
+        args,
+        drawn_share("mixed_precision_share"),
+        "two KV cache dtypes in every run with two attention groups or more, or in none",
+        ("zeroed", "one dtype"),
     )
 
 
