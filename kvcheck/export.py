@@ -1276,9 +1276,6 @@ class Step:
         self._check_group_kinds(pool, actual_tables, prompt_lengths)
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
         self._check_hit_not_written(actual_tables)
-        if zeroed is not None:
-            detail = "the blocks the step hands the worker to zero differ from the model's"
-            self.expect("zeroed_blocks_are_fresh", detail, zeroed, self.zeroed)
         actual_admitted = None if self.allocated is UNSET else self.allocated is not None
         self.expect("admission_matches_model", "admitted differs", admitted, actual_admitted)
         actual_cached = cached_blocks(entries)
@@ -1291,6 +1288,9 @@ class Step:
             ):
                 detail = f"{what} changed by a refused allocation"
                 self.expect("failed_allocation_changes_nothing", detail, expected, actual)
+        if zeroed is not None:
+            detail = "the blocks the step hands the worker to zero differ from the model's"
+            self.expect("zeroed_blocks_are_fresh", detail, zeroed, self.zeroed)
         actual_new = block_ids(self.allocated.blocks) if isinstance(self.allocated, KVCacheBlocks) else None
         self.expect(REUSE_ORDER_INVARIANT, "newly allocated blocks differ", new_blocks, actual_new)
         self.expect(REUSE_ORDER_INVARIANT, "free queue order differs", free, actual_free)

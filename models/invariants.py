@@ -901,10 +901,10 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     in_flight_blocks_held,
     hit_block_never_written,
     block_copies_well_formed,
-    zeroed_blocks_are_fresh,
     admission_matches_model,
     hit_is_sound_and_maximal,
     failed_allocation_changes_nothing,
+    zeroed_blocks_are_fresh,
     lifo_head_reuse_when_caching_off,
     lru_eviction_when_caching_on,
     tables_match_model,
@@ -926,9 +926,9 @@ def check_results(
     and the reset's outcome.  The steps between two full checks (:class:`kvcheck.lockstep.Lockstep`
     with ``full_check_every``) run these."""
     check = StepCheck(step, op, config, sut_result, model_result, NOT_OBSERVED, NOT_OBSERVED)
-    _same_zeroed_blocks(check)
     admission_matches_model(check)
     hit_is_sound_and_maximal(check)
+    _same_zeroed_blocks(check)
     _same_block_copies(check)
     if sut_result.new_block_ids != model_result.new_block_ids:
         invariant = "lru_eviction_when_caching_on" if config.enable_caching else "lifo_head_reuse_when_caching_off"

@@ -872,6 +872,16 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "a mamba group, whose state is never sharded",
         ),
         (
+            {"groups": [{"kind": "full"}, {"kind": "full", "kv_cache_dtype": "fp16"}]},
+            r"config.groups\[1\].kv_cache_dtype",
+            "must be one of auto, fp8, got 'fp16'",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align", "kv_cache_dtype": "fp8"}]},
+            r"config.groups\[1\].kv_cache_dtype",
+            "fp8 for a mamba_align group, which holds states, not a KV cache",
+        ),
+        (
             {"groups": [{"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}], "hash_block_size": 1},
             "config.hash_block_size",
             r"1 is below groups\[1\] mamba_align's block_size 2, beside groups \[0\] .*not modelled",
