@@ -821,10 +821,9 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
             _fail(check, "zeroed_blocks_are_fresh", f"block {block} is handed over for zeroing: {reason}", None, zeroed)
     if not config.needs_zeroing or not result.admitted:
         return
-    expected: set[int] = set()
-    for group_id in sorted(zeroed_groups):
-        if result.new_block_ids is not None:
-            expected.update(block for block in result.new_block_ids[group_id] if block)
+    # The fresh blocks: those the allocation returned, then (below) a synchronous load's.
+    new_ids = result.new_block_ids or ()
+    expected = {block for group_id, ids in enumerate(new_ids) if group_id in zeroed_groups for block in ids if block}
     if result.num_external_tokens and tables:
         loads_later = isinstance(check.op, StartAsyncLoad)
         end = (result.hit_length or 0) + result.num_external_tokens
