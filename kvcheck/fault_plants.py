@@ -1000,22 +1000,32 @@ def plant_mamba_align_speculative_blocks_not_counted(manager: kvcore.KVCacheMana
         group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
 
 
-def plant_partial_hit_not_copied(manager: kvcore.KVCacheManager) -> None:
-    for group_manager in manager.coordinator.managers:
+def after_hit_taken(group_managers: Iterable[Any], then: Callable[[Any, str, Sequence[Any]], None]) -> None:
+    """Run ``then(group_manager, request_id, hit_blocks)`` each time a group manager has taken a hit
+    (``add_local_computed_blocks``, a name kvcore's and vLLM's managers share)."""
+    for group_manager in group_managers:
         take_hit = group_manager.add_local_computed_blocks
 
         def add_local_computed_blocks(
             request_id: str,
+            new_computed_blocks: Sequence[Any],
             *args: Any,
-            group_manager: SingleTypeManager = group_manager,
+            group_manager: Any = group_manager,
             take_hit: Callable[..., None] = take_hit,
         ) -> None:
-            take_hit(request_id, *args)
-            # The bug: a hit ending inside a block is not recorded for its copy on write, so the request's
-            # table keeps the shared block, where it writes its next tokens.
-            group_manager.partial_hits.pop(request_id, None)
+            take_hit(request_id, new_computed_blocks, *args)
+            then(group_manager, request_id, new_computed_blocks)
 
-        group_manager.add_local_computed_blocks = add_local_computed_blocks  # type: ignore[method-assign]
+        group_manager.add_local_computed_blocks = add_local_computed_blocks
+
+
+def plant_partial_hit_not_copied(manager: kvcore.KVCacheManager) -> None:
+    # The bug: a hit ending inside a block is not recorded for its copy on write, so the request's
+    # table keeps the shared block, where it writes its next tokens.
+    after_hit_taken(
+        manager.coordinator.managers,
+        lambda group_manager, request_id, _: group_manager.partial_hits.pop(request_id, None),
+    )
 
 
 def plant_copy_block_not_counted(manager: kvcore.KVCacheManager) -> None:
@@ -1060,22 +1070,13 @@ def keep_zeroing_record(group_managers: Sequence[Any]) -> None:
 def record_hit_blocks_for_zeroing(group_managers: Sequence[Any], records: Callable[[Any], bool]) -> None:
     """A prefix hit's blocks are recorded for zeroing as they enter the table (``records`` tells
     whether a group manager records its blocks)."""
-    for group_manager in group_managers:
-        take_hit = group_manager.add_local_computed_blocks
 
-        def add_local_computed_blocks(
-            request_id: str,
-            new_computed_blocks: Sequence[Any],
-            *args: Any,
-            group_manager: Any = group_manager,
-            take_hit: Callable[..., None] = take_hit,
-        ) -> None:
-            take_hit(request_id, new_computed_blocks, *args)
-            if records(group_manager):
-                # The bug: the hit is recorded like new blocks, so the worker wipes the cached tokens.
-                group_manager.new_block_ids.extend(b.block_id for b in new_computed_blocks if not b.is_null)
+    def record_hit(group_manager: Any, request_id: str, hit_blocks: Sequence[Any]) -> None:
+        if records(group_manager):
+            # The bug: the hit is recorded like new blocks, so the worker wipes the cached tokens.
+            group_manager.new_block_ids.extend(block.block_id for block in hit_blocks if not block.is_null)
 
-        group_manager.add_local_computed_blocks = add_local_computed_blocks
+    after_hit_taken(group_managers, record_hit)
 
 
 def zero_asynchronous_loads(group_managers: Sequence[Any]) -> None:

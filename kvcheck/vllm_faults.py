@@ -10,6 +10,7 @@ from typing import Any
 
 from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
+    after_hit_taken,
     borrow_method,
     cacheable_counts_reprefillable_tokens,
     counted_as_allocated,
@@ -573,16 +574,10 @@ def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
 
 
 def _partial_hit_not_copied(manager: Any) -> None:
-    for group_manager in manager.coordinator.single_type_managers:
-        take_hit = group_manager.add_local_computed_blocks
-
-        def add_local_computed_blocks(
-            request_id: str, *args: Any, group_manager: Any = group_manager, take_hit: Any = take_hit
-        ) -> None:
-            take_hit(request_id, *args)
-            group_manager._partial_hit_reqs.pop(request_id, None)
-
-        group_manager.add_local_computed_blocks = add_local_computed_blocks
+    after_hit_taken(
+        manager.coordinator.single_type_managers,
+        lambda group_manager, request_id, _: group_manager._partial_hit_reqs.pop(request_id, None),
+    )
 
 
 def _copy_block_not_counted(manager: Any) -> None:

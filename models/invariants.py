@@ -785,10 +785,12 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
     config = check.config
     request_id = getattr(check.op, "request_id", None)
     tables = check.sut.tables.get(request_id, ())
-    if zeroed and not config.needs_zeroing:
-        _fail(check, "zeroed_blocks_are_fresh", "blocks handed over for zeroing by a cache that needs none", (), zeroed)
+    if not config.needs_zeroing:
+        if zeroed:
+            detail = "blocks handed over for zeroing by a cache that needs none"
+            _fail(check, "zeroed_blocks_are_fresh", detail, (), zeroed)
+        return
     zeroed_groups = config.zeroed_group_ids
-    own = {block for group_id, table in enumerate(tables) if group_id in zeroed_groups for block in table if block}
     # The hit blocks the request took (a window may skip some, which the allocation may then reuse).
     hit = {
         block
@@ -796,30 +798,9 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
         for block, held in zip(group, table)
         if block and block == held
     }
-    sources = {source for source, _ in result.block_copies}
-    others = {
-        block
-        for rid, groups in check.sut.tables.items()
-        if rid != request_id
-        for table in groups
-        for block in table
-        if block
-    }
-    for block in zeroed:
-        reason = (
-            "the source of a block copy"
-            if block in sources
-            else "a block of the step's hit"
-            if block in hit
-            else "held by another request"
-            if block in others
-            else f"not in a zeroed group of request {request_id}'s tables"
-            if block not in own
-            else None
-        )
-        if reason is not None:
-            _fail(check, "zeroed_blocks_are_fresh", f"block {block} is handed over for zeroing: {reason}", None, zeroed)
-    if not config.needs_zeroing or not result.admitted:
+    if zeroed:
+        _zeroed_blocks_hold_no_data(check, request_id, tables, hit)
+    if not result.admitted:
         return
     # The fresh blocks: those the allocation returned, then (below) a synchronous load's.
     new_ids = result.new_block_ids or ()
@@ -870,6 +851,38 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
             sorted(expected),
             zeroed,
         )
+
+
+def _zeroed_blocks_hold_no_data(
+    check: StepCheck, request_id: str | None, tables: tuple[tuple[int, ...], ...], hit: set[int]
+) -> None:
+    """Fail on the first block handed over for zeroing that holds data the step reads, saying why."""
+    zeroed = check.sut_result.zeroed_block_ids
+    zeroed_groups = check.config.zeroed_group_ids
+    own = {block for group_id, table in enumerate(tables) if group_id in zeroed_groups for block in table if block}
+    sources = {source for source, _ in check.sut_result.block_copies}
+    others = {
+        block
+        for rid, groups in check.sut.tables.items()
+        if rid != request_id
+        for table in groups
+        for block in table
+        if block
+    }
+    for block in zeroed:
+        reason = (
+            "the source of a block copy"
+            if block in sources
+            else "a block of the step's hit"
+            if block in hit
+            else "held by another request"
+            if block in others
+            else f"not in a zeroed group of request {request_id}'s tables"
+            if block not in own
+            else None
+        )
+        if reason is not None:
+            _fail(check, "zeroed_blocks_are_fresh", f"block {block} is handed over for zeroing: {reason}", None, zeroed)
 
 
 def _same_zeroed_blocks(check: StepCheck) -> None:
