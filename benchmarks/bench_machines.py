@@ -113,6 +113,7 @@ def main() -> None:
     print_mamba_align_cost(args)
     print_sub_block_cost(args)
     print_zeroing_cost(args)
+    print_checkpoint_cost(args)
 
 
 FAST_INTERVALS = (1, 4, 8, 16)
@@ -242,6 +243,21 @@ def print_zeroing_cost(args: argparse.Namespace) -> None:
         drawn_share("mixed_precision_share"),
         "two KV cache dtypes in every run with two attention groups or more, or in none",
         ("zeroed", "one dtype"),
+    )
+
+
+def print_checkpoint_cost(args: argparse.Namespace) -> None:
+    """Mamba layouts with prefix caching (the align mode) in every swarm run, every one with prefill
+    checkpoints, then none (the same draws otherwise), checked and unchecked: what the checkpoints cost."""
+
+    def forced(drawn: ConfigDraw, on: bool) -> ConfigDraw:
+        def config(*args: Any, **kwargs: Any) -> TargetConfig:
+            return drawn(*args, **kwargs, layout="mamba", caching=True, checkpoint_share=1.0 if on else 0.0)
+
+        return config
+
+    print_on_off_cost(
+        args, forced, "align-mode Mamba layouts in every run, prefill checkpoints or none", ("checkpoints", "none")
     )
 
 

@@ -96,6 +96,12 @@ class GroupSpec:
     ``kv_cache_dtype`` is the dtype of an attention group's KV cache
     (:data:`KV_CACHE_DTYPES`); attention groups of different dtypes make the
     worker zero every new block (:attr:`TargetConfig.needs_zeroing`).
+
+    ``prefill_checkpoint_alignment`` (``mamba_align`` only) gives the group
+    a prefill checkpoint block (vLLM's ``num_prefill_checkpoint_blocks=1``)
+    and the token grid, counted from a chunk's start, that its backend can
+    export a state on inside the chunk (vLLM's
+    ``prefill_checkpoint_alignment``); ``None``: no checkpoint block.
     """
 
     kind: str
@@ -104,6 +110,7 @@ class GroupSpec:
     block_size: int | None = None
     dcp_replicated: bool = False
     kv_cache_dtype: str = "auto"
+    prefill_checkpoint_alignment: int | None = None
 
     def validate(self, block_size: int, where: str) -> None:
         if not isinstance(self.kind, str) or self.kind not in GROUP_KINDS:
@@ -128,6 +135,15 @@ class GroupSpec:
                 f"{where}.kv_cache_dtype",
                 f"{self.kv_cache_dtype} for a {self.kind} group, which holds states, not a KV cache",
             )
+        alignment = self.prefill_checkpoint_alignment
+        if alignment is not None:
+            field = f"{where}.prefill_checkpoint_alignment"
+            if self.kind != "mamba_align":
+                raise ConfigError(field, f"only a mamba_align group has prefill checkpoints, got {shown(alignment)}")
+            if not is_int(alignment) or not 1 <= alignment <= MAX_BLOCK_SIZE:
+                raise ConfigError(
+                    field, f"must be an integer from 1 to {MAX_BLOCK_SIZE} tokens, got {shown(alignment)}"
+                )
         field = f"{where}.speculative_blocks"
         if self.kind not in MAMBA_KINDS and self.speculative_blocks != 0:
             raise ConfigError(
@@ -193,6 +209,8 @@ class GroupSpec:
             size += f" {self.kv_cache_dtype}"
         if self.window is not None:
             return f"{self.kind}({self.window}){size}"
+        if self.prefill_checkpoint_alignment is not None:
+            size += f" checkpoints/{self.prefill_checkpoint_alignment}"
         if self.speculative_blocks:
             return f"{self.kind}(+{self.speculative_blocks} speculative){size}"
         return self.kind + size
@@ -214,6 +232,8 @@ class GroupSpec:
             document["dcp_replicated"] = True
         if self.kv_cache_dtype != "auto":
             document["kv_cache_dtype"] = self.kv_cache_dtype
+        if self.prefill_checkpoint_alignment is not None:
+            document["prefill_checkpoint_alignment"] = self.prefill_checkpoint_alignment
         return document
 
 
@@ -370,6 +390,16 @@ class TargetConfig:
     def has_aligned_mamba(self) -> bool:
         """Whether a group is Mamba in vLLM's ``align`` mode."""
         return any(group.kind == "mamba_align" for group in self.groups)
+
+    @property
+    def prefill_checkpoint_alignment(self) -> int | None:
+        """The alignment of the prefill checkpoints beside ``mamba_align`` groups, or ``None`` for none:
+        vLLM 0.33.0's scheduler plans them when every Mamba group has a checkpoint block, on the first
+        one's alignment (kvcheck draws every Mamba group of one spec)."""
+        mamba = [group for group in self.groups if group.kind in MAMBA_KINDS]
+        if not mamba or any(group.prefill_checkpoint_alignment is None for group in mamba):
+            return None
+        return mamba[0].prefill_checkpoint_alignment
 
     @property
     def partial_hits(self) -> bool:

@@ -167,6 +167,7 @@ def random_config(
     dcp_share: float = 0.3,
     sub_block_share: float = 1 / 2,
     mixed_precision_share: float = 1 / 4,
+    checkpoint_share: float = 1 / 2,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -179,8 +180,9 @@ def random_config(
     with caching and a sliding window that set a retention interval, ``dcp_share`` that of draws sharded
     over decode context parallel ranks, ``sub_block_share`` that of hybrid draws with align-mode Mamba
     groups whose state blocks are twice as large, ``mixed_precision_share`` that of draws with two
-    attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed); the draws
-    are the same otherwise."""
+    attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed),
+    ``checkpoint_share`` that of draws with align-mode Mamba groups that give them prefill checkpoints;
+    the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -284,7 +286,23 @@ def random_config(
     )
     config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
     config = _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
-    return _mixed_precision(rng, config, mixed_precision_share)
+    config = _mixed_precision(rng, config, mixed_precision_share)
+    return _prefill_checkpoints(rng, config, checkpoint_share)
+
+
+def _prefill_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the draws with align-mode Mamba groups, a prefill checkpoint
+    block in every one of them (as Qwen3-Next's and Nemotron-H's Mamba layers declare), on an alignment
+    of 1 token (a backend exporting any position), the hash size, twice it, or 3 tokens (one that
+    misses some checkpoints).  (Drawn last.)"""
+    if not config.has_aligned_mamba or rng.random() >= share:
+        return config
+    alignment = rng.choice([1, 1, config.hash_size, 2 * config.hash_size, 3])
+    groups = tuple(
+        attrs.evolve(group, prefill_checkpoint_alignment=alignment) if group.kind == "mamba_align" else group
+        for group in config.groups
+    )
+    return attrs.evolve(config, groups=groups).validate()
 
 
 def _mixed_precision(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
@@ -322,9 +340,13 @@ def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> Tar
 
 
 def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws, the
-    drafter's groups replicated in half of those (a draft model at DCP 1).  (Drawn last.)  A draw vLLM
-    would refuse (with prefix caching, a sharded group that is not full attention) keeps one rank."""
+    """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws (twice
+    that share of the draws with prefix caching that vLLM shards: every group full attention, as in
+    DeepSeek's layouts, which DCP serves; few hybrid ones are), the drafter's groups replicated in half
+    of those (a draft model at DCP 1).  (Drawn last.)  A draw vLLM would refuse (with prefix caching, a
+    sharded group that is not full attention) keeps one rank."""
+    if config.enable_caching and _shardable(config):
+        share = min(1.0, 2 * share)
     if rng.random() >= share:
         return config
     world = rng.choice([2, 2, 4])
@@ -340,12 +362,24 @@ def _context_parallel(rng: random.Random, config: TargetConfig, share: float) ->
         return config
 
 
+def _shardable(config: TargetConfig) -> bool:
+    """Whether vLLM accepts ``config`` over 2 decode context parallel ranks."""
+    try:
+        attrs.evolve(config, dcp_world_size=2).validate()
+    except ConfigError:
+        return False
+    return True
+
+
 def _retention_interval(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws with caching and a sliding window, a retention
-    interval: 0 (only the replay boundaries and shared prefixes) or two to eight scheduler blocks.
-    (Drawn last.)"""
+    """``config`` with, in a ``share`` of the draws with caching and a sliding window (in half as much
+    again of those with a sliding window alone: few single-group draws have one), a retention interval:
+    0 (only the replay boundaries and shared prefixes) or two to eight scheduler blocks.  (Drawn
+    last.)"""
     if not config.enable_caching or not any(group.kind in SLIDING_KINDS for group in config.groups):
         return config
+    if len(config.groups) == 1:
+        share = min(1.0, 1.5 * share)
     if rng.random() >= share:
         return config
     # (One scheduler block would keep what no interval keeps: a hit may end on any of them.)

@@ -47,7 +47,7 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import UNCACHED_KINDS, TargetConfig
+from kvcheck.config import UNCACHED_KINDS, GroupSpec, TargetConfig
 from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
 from kvcheck.models.manager_model import ManagerModel
 from kvcheck.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
@@ -984,14 +984,34 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"NUM_LOOKAHEAD_TOKENS = {config.num_lookahead_tokens}",
             f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
             '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
-            f"MAX_LIVE_STATES = {3 if config.async_scheduling else 2}",
-            '"""Live states an align-mode Mamba table holds at most, besides its speculative blocks."""',
+            f"MAX_LIVE_STATES = {_max_live_states(config)}",
+            '"""Live states an align-mode Mamba table holds at most, besides its speculative blocks (prefill '
+            'checkpoints included)."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
             + '."""',
         ]
     )
+
+
+def _max_live_states(config: TargetConfig) -> int:
+    """Live states an align-mode Mamba table holds at most besides its speculative blocks: the state a
+    step starts from and the one it writes, one more with a step in flight, and with prefill checkpoints
+    one more per step not yet processed."""
+    in_flight = int(config.async_scheduling)
+    checkpoints = 0 if config.prefill_checkpoint_alignment is None else 1 + in_flight
+    return 2 + in_flight + checkpoints
+
+
+def _checkpoint_fields(group: GroupSpec) -> dict[str, Node]:
+    """The MambaSpec fields of a group's prefill checkpoints (none without them)."""
+    if group.prefill_checkpoint_alignment is None:
+        return {}
+    return {
+        "num_prefill_checkpoint_blocks": value_node(1),
+        "prefill_checkpoint_alignment": value_node(group.prefill_checkpoint_alignment),
+    }
 
 
 def _encoder_blocks(config: TargetConfig) -> int:
@@ -1033,6 +1053,7 @@ def _make_manager(config: TargetConfig) -> str:
                 block_size=value_node(config.spec_block_size(index)),
                 mamba_cache_mode=value_node("align" if group.kind == "mamba_align" else "none"),
                 num_speculative_blocks=value_node(group.speculative_blocks),
+                **_checkpoint_fields(group),
             )
         else:
             spec = call("ChunkedLocalAttentionSpec", layout_arg, attention_chunk_size=value_node(group.window), **size)

@@ -350,6 +350,7 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         num_local_computed_tokens: int | None = None,
+        **more: Any,
     ) -> int:
         if apply_admission_cap:  # the whole-request gate counts before anything is taken
             return count_blocks(
@@ -360,6 +361,7 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
                 True,
                 num_encoder_tokens,
                 num_local_computed_tokens=num_local_computed_tokens,
+                **more,
             )
         hit_taken.discard(request_id)
         is_new = not any(request_id in m.num_cached_blocks for m in coordinator.managers)
@@ -381,6 +383,7 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
             num_encoder_tokens=num_encoder_tokens,
             num_tokens_main_model=num_tokens_main_model,
             num_local_computed_tokens=num_local_computed_tokens,
+            **more,
         )
 
     def allocate_new_computed_blocks(
@@ -439,13 +442,14 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
             total_computed: int,
             apply_admission_cap: bool = False,
             num_encoder_tokens: int = 0,
+            **more: Any,
         ) -> int:
             if apply_admission_cap:  # the whole-request gate is sized as before
-                return count_blocks(request_id, num_tokens, hit, total_computed, True, num_encoder_tokens)
+                return count_blocks(request_id, num_tokens, hit, total_computed, True, num_encoder_tokens, **more)
             # The bug: admission is sized for the tokens the step computes; the
             # drafter's lookahead slots are left out, though they are allocated.
             return count_blocks(
-                request_id, num_tokens - num_lookahead_tokens, hit, total_computed, False, num_encoder_tokens
+                request_id, num_tokens - num_lookahead_tokens, hit, total_computed, False, num_encoder_tokens, **more
             )
 
         coordinator.num_blocks_to_allocate = blocks_for_computed_tokens  # type: ignore[method-assign]
@@ -678,6 +682,7 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         num_local_computed_tokens: int | None = None,
+        **more: Any,
     ) -> int:
         # The bug: cross-attention's blocks are counted like every other
         # group's, for the decoder's tokens, while they are allocated for the
@@ -691,6 +696,7 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
             num_tokens,
             num_tokens_main_model,
             num_local_computed_tokens,
+            **more,
         )
 
     coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
@@ -936,6 +942,7 @@ def recount_blocks(group_manager: SingleTypeManager, recount: Recount) -> None:
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_local_computed_tokens: int | None = None,
+        **more: Any,
     ) -> int:
         count = count_blocks(
             request_id,
@@ -944,6 +951,7 @@ def recount_blocks(group_manager: SingleTypeManager, recount: Recount) -> None:
             total_computed_tokens,
             apply_admission_cap,
             num_local_computed_tokens,
+            **more,
         )
         if count > group_manager.pool.num_blocks:
             return count
@@ -992,9 +1000,10 @@ def plant_mamba_align_speculative_blocks_not_counted(manager: kvcore.KVCacheMana
             *args: Any,
             group_manager: AlignedMambaManager = group_manager,
             count_blocks: Callable[..., int] = count_blocks,
+            **more: Any,
         ) -> int:
             return counted_as_allocated(
-                group_manager.allocated_requests, request_id, lambda: count_blocks(request_id, *args)
+                group_manager.allocated_requests, request_id, lambda: count_blocks(request_id, *args, **more)
             )
 
         group_manager.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
@@ -1049,6 +1058,65 @@ def plant_state_entry_left_on_written_block(manager: kvcore.KVCacheManager) -> N
     # The bug: the copy of a state a request cached inside the block it goes on writing is queued, but
     # the cache entry stays on that block, which the request then overwrites.
     manager.block_pool.move_block_hashes = lambda source, destination: None  # type: ignore[method-assign]
+
+
+# -- prefill checkpoints -------------------------------------------------------------
+
+
+def allocate_without_checkpoint(group_managers: Iterable[Any], checkpoints: str) -> None:
+    """Each align-mode Mamba allocation runs as if no prefill checkpoint were recorded (the group
+    manager's dict named ``checkpoints``), which the caching after it still finds: the checkpoint's
+    position is padded with the null block."""
+    for group_manager in group_managers:
+        allocate = group_manager.allocate_new_blocks
+
+        def allocate_new_blocks(
+            request_id: str,
+            *args: Any,
+            group_manager: Any = group_manager,
+            allocate: Callable[..., list[Any]] = allocate,
+        ) -> list[Any]:
+            recorded = getattr(group_manager, checkpoints)
+            checkpoint = recorded.pop(request_id, None)
+            try:
+                return allocate(request_id, *args)
+            finally:
+                if checkpoint is not None:
+                    recorded[request_id] = checkpoint
+
+        group_manager.allocate_new_blocks = allocate_new_blocks
+
+
+def keep_transient_checkpoints(group_managers: Iterable[Any], cache_checkpoint: str, pool: str, evict: str) -> None:
+    """The group managers' method named ``cache_checkpoint`` runs with the method named ``evict`` of their
+    block pool (their attribute named ``pool``), which drops a transient checkpoint's keys and nothing
+    else there, doing nothing."""
+    for group_manager in group_managers:
+        cache = getattr(group_manager, cache_checkpoint)
+        block_pool = getattr(group_manager, pool)
+
+        def cache_keeping_keys(
+            *args: Any, block_pool: Any = block_pool, cache: Callable[..., Any] = cache, **kwargs: Any
+        ) -> Any:
+            setattr(block_pool, evict, lambda *_: None)
+            try:
+                return cache(*args, **kwargs)
+            finally:
+                delattr(block_pool, evict)
+
+        setattr(group_manager, cache_checkpoint, cache_keeping_keys)
+
+
+def plant_checkpoint_block_left_null(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the allocation pads a prefill checkpoint's position with the null block, as any position a
+    # chunk skips; admission counted a block for it, and the backend exports the checkpoint there.
+    allocate_without_checkpoint(aligned_mamba_managers(manager), "checkpoints")
+
+
+def plant_transient_checkpoint_keeps_its_key(manager: kvcore.KVCacheManager) -> None:
+    # The bug: a transient checkpoint's block keeps the full key its position was cached under this step,
+    # though it holds the state at another boundary.
+    keep_transient_checkpoints(aligned_mamba_managers(manager), "_cache_checkpoint", "pool", "evict_blocks")
 
 
 # -- zeroing records -----------------------------------------------------------------

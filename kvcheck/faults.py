@@ -287,6 +287,20 @@ FAULTS: dict[str, Fault] = {
             plants.plant_state_entry_left_on_written_block,
         ),
         Fault(
+            "checkpoint-block-left-null",
+            "an align-mode Mamba allocation pads a prefill checkpoint's position with the null block, as any "
+            "position a chunk skips: the backend exports the checkpoint into the null block, and the block "
+            "admission counted for it is never taken",
+            plants.plant_checkpoint_block_left_null,
+        ),
+        Fault(
+            "transient-checkpoint-keeps-its-key",
+            "a transient prefill checkpoint (inside a block, neither the prompt's nor a shared prefix's end) "
+            "keeps the full-block key its position was cached under: a later hit on that block boundary reads "
+            "the state of another boundary",
+            plants.plant_transient_checkpoint_keeps_its_key,
+        ),
+        Fault(
             "zeroing-record-not-drained",
             "the blocks recorded for the worker to zero are handed over but the record is not emptied: every "
             "later step zeroes earlier steps' blocks again, wiping computed tokens and cached prefixes",

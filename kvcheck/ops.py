@@ -274,22 +274,50 @@ def split_at_mamba_states(
         return amounts
     block_size = config.scheduler_block_size
     end = start + amounts.num_new_tokens
+    lookahead = max(1, config.num_hash_lookahead_tokens)
+    last_cacheable = max(0, (num_tokens - lookahead) // block_size * block_size)
+    # A chunk reaching the prefill's end whose backend exports the checkpoint inside it stops nowhere
+    # for a state (but a shared prefix's end).
+    checkpoint_step = config.hash_size if config.partial_hits else block_size
+    checkpoint = max(0, (prefill_end - lookahead) // checkpoint_step * checkpoint_step)
+    internal = end >= prefill_end and prefill_checkpoint_fits(
+        config.prefill_checkpoint_alignment, block_size, config.hash_size, start, end, checkpoint
+    )
+    if internal:
+        last_cacheable = 0
     if end < prefill_end:
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= op.num_new_tokens:
             end = aligned_end
-    lookahead = max(1, config.num_hash_lookahead_tokens)
-    last_cacheable = max(0, (num_tokens - lookahead) // block_size * block_size)
-    tail = max(0, (num_prompt_tokens - lookahead) // config.hash_size * config.hash_size) if config.partial_hits else 0
+    partial_tail = config.partial_hits and not internal
+    tail = max(0, (num_prompt_tokens - lookahead) // config.hash_size * config.hash_size) if partial_tail else 0
     junction = shared_prefix_boundary
     stops = (
-        (start // block_size + 1) * block_size if start % block_size else 0,
+        (start // block_size + 1) * block_size if start % block_size and not internal else 0,
         last_cacheable,
         tail if last_cacheable < tail < num_prompt_tokens else 0,
         start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )
     end = min((stop for stop in stops if start < stop < end), default=end)
     return attrs.evolve(amounts, num_new_tokens=max(end - start, 0))
+
+
+def prefill_checkpoint_fits(
+    alignment: int | None, block_size: int, hash_size: int, start: int, end: int, checkpoint: int
+) -> bool:
+    """Whether the backend exports, inside a chunk from ``start`` to ``end``, the state after ``checkpoint``
+    tokens (vLLM 0.33.0's ``is_mamba_prefill_checkpoint_valid``, on ``block_size``-token state blocks):
+    the chunk starts on a hash boundary, the checkpoint lies a hash block or more past its start, before
+    its end, a multiple of ``alignment`` tokens past its start (``None``: never), and in a block after
+    the one holding the state the chunk starts from."""
+    if alignment is None:
+        return False
+    return (
+        start % hash_size == 0
+        and -(-end // block_size) - 2 > (start - 1) // block_size
+        and start + hash_size <= checkpoint < end
+        and (checkpoint - start) % alignment == 0
+    )
 
 
 def plan_step(

@@ -158,8 +158,15 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
             if 0 <= fewer < group.speculative_blocks:
                 smaller_group = attrs.evolve(group, speculative_blocks=fewer)
                 yield attrs.evolve(config, groups=(*config.groups[:index], smaller_group, *config.groups[index + 1 :]))
+        if group.prefill_checkpoint_alignment is not None:
+            # No checkpoints first, then checkpoints a backend exports anywhere.
+            for alignment in sorted({None, 1} - {group.prefill_checkpoint_alignment}, key=lambda a: a or 0):
+                simpler = attrs.evolve(group, prefill_checkpoint_alignment=alignment)
+                yield attrs.evolve(config, groups=(*config.groups[:index], simpler, *config.groups[index + 1 :]))
         if group.kind not in ("full", "cross_attention"):
-            full = attrs.evolve(group, kind="full", window=None, speculative_blocks=0)
+            full = attrs.evolve(
+                group, kind="full", window=None, speculative_blocks=0, prefill_checkpoint_alignment=None
+            )
             yield attrs.evolve(config, groups=(*config.groups[:index], full, *config.groups[index + 1 :]))
 
 

@@ -211,7 +211,14 @@ class _Reader:
         for index, group in enumerate(groups_raw):
             field = f"config.groups[{index}]"
             group = self.object(group, field)
-            optional = {"window", "speculative_blocks", "block_size", "dcp_replicated", "kv_cache_dtype"}
+            optional = {
+                "window",
+                "speculative_blocks",
+                "block_size",
+                "dcp_replicated",
+                "kv_cache_dtype",
+                "prefill_checkpoint_alignment",
+            }
             self.keys(group, {"kind"}, optional, field)
             groups.append(
                 GroupSpec(
@@ -221,6 +228,7 @@ class _Reader:
                     group.get("block_size"),
                     group.get("dcp_replicated", False),
                     group.get("kv_cache_dtype", "auto"),
+                    group.get("prefill_checkpoint_alignment"),
                 )
             )
         config = TargetConfig(

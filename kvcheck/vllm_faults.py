@@ -11,11 +11,13 @@ from typing import Any
 from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
     after_hit_taken,
+    allocate_without_checkpoint,
     borrow_method,
     cacheable_counts_reprefillable_tokens,
     counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
+    keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
     padding_counted,
@@ -597,6 +599,16 @@ def _state_entry_left_on_written_block(manager: Any) -> None:
     manager.block_pool.move_block_hashes = lambda source, destination: None
 
 
+def _checkpoint_block_left_null(manager: Any) -> None:
+    allocate_without_checkpoint(_align_mode_mamba_managers(manager), "_checkpoints")
+
+
+def _transient_checkpoint_keeps_its_key(manager: Any) -> None:
+    keep_transient_checkpoints(
+        _align_mode_mamba_managers(manager), "_cache_partial_tail_block", "block_pool", "_maybe_evict_cached_block"
+    )
+
+
 def _zeroing_record_not_drained(manager: Any) -> None:
     keep_zeroing_record(manager.coordinator.single_type_managers)
 
@@ -782,6 +794,18 @@ VLLM_FAULTS: dict[str, Fault] = {
             "state-entry-left-on-written-block",
             "vLLM MambaManager.allocate_new_blocks queueing a producer's copy without BlockPool.move_block_hashes",
             _state_entry_left_on_written_block,
+        ),
+        Fault(
+            "checkpoint-block-left-null",
+            "vLLM MambaManager.allocate_new_blocks in the align mode run as if _checkpoints held nothing for the "
+            "request: the checkpoint's position padded with the null block",
+            _checkpoint_block_left_null,
+        ),
+        Fault(
+            "transient-checkpoint-keeps-its-key",
+            "vLLM MambaManager._cache_partial_tail_block without BlockPool._maybe_evict_cached_block for a "
+            "transient checkpoint",
+            _transient_checkpoint_keeps_its_key,
         ),
         Fault(
             "zeroing-record-not-drained",

@@ -181,15 +181,22 @@ class BlockPool:
             block.block_hash = key
             self.cache.insert(key, block)
 
-    def cache_partial_block(self, block: KVBlock, key: BlockHashWithGroup, num_tokens: int) -> bool:
+    def cache_partial_block(
+        self, block: KVBlock, key: BlockHashWithGroup, num_tokens: int, replace: bool = False
+    ) -> bool:
         """Enter ``block`` under the partial key of the hash boundary after ``num_tokens`` tokens, inside the
         block, beside any key it has; or in place of every key it has, if its own is a partial key of a
-        shorter boundary (the prompt's boundary moved on as more of it was hashed): those are evicted.
+        shorter boundary (the prompt's boundary moved on as more of it was hashed), or with ``replace``
+        (the block now holds another state): those are evicted.
 
-        Returns whether the entry is new (``False`` for the null block or a
-        key the block is already cached under).
+        Returns whether the entry is new (``False`` for the null block or,
+        without ``replace``, a key the block is already cached under).
         """
-        if block.is_null or block.block_hash == key or key in self._more_keys.get(block.block_id, ()):
+        if block.is_null:
+            return False
+        if replace and block.block_hash is not None:
+            self._evict(block)
+        if block.block_hash == key or key in self._more_keys.get(block.block_id, ()):
             return False
         if block.block_hash is not None and self._partial_tokens.get(block.block_id, num_tokens) < num_tokens:
             self._evict(block)

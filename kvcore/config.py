@@ -135,6 +135,11 @@ def _mamba_cache_mode(instance: object, attribute: attrs.Attribute[Any], value: 
         raise InvalidConfig(attribute.name, value, f"must be one of {list(MAMBA_CACHE_MODES)}")
 
 
+def _optional_positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidConfig(attribute.name, value, "must be None or an int >= 1")
+
+
 @attrs.frozen
 class MambaSpec:
     """A Mamba (linear-attention) state group, in one of vLLM's cache modes.
@@ -158,11 +163,21 @@ class MambaSpec:
     prefix, and a hit needs only the state block at its end (found by
     searching right to left).  What kvcore does not implement of the mode
     is listed in :class:`KVCacheConfig`.
+
+    ``num_prefill_checkpoint_blocks`` above 0 (with a
+    ``prefill_checkpoint_alignment``, the token grid the backend can export
+    a state on inside a chunk) gives the ``align`` mode prefill checkpoints:
+    a chunk that spans past a block boundary keeps, in the block before its
+    last state's, the state at the last hit boundary short of its end (see
+    :class:`~kvcore.managers.mamba.AlignedMambaManager`).  The ``none`` mode
+    ignores both.
     """
 
     block_size: int = attrs.field(validator=_positive_int)
     num_speculative_blocks: int = attrs.field(default=0, validator=_non_negative_int)
     cache_mode: str = attrs.field(default="none", validator=_mamba_cache_mode)
+    num_prefill_checkpoint_blocks: int = attrs.field(default=0, validator=_non_negative_int)
+    prefill_checkpoint_alignment: int | None = attrs.field(default=None, validator=_optional_positive_int)
 
     kind = "mamba"
 
@@ -170,6 +185,11 @@ class MambaSpec:
     def aligned(self) -> bool:
         """Whether the group runs in the ``align`` mode (its states are prefix-cached)."""
         return self.cache_mode == "align"
+
+    @property
+    def has_prefill_checkpoints(self) -> bool:
+        """Whether prefill chunks may keep a checkpoint state (the ``align`` mode with checkpoint blocks)."""
+        return self.aligned and self.num_prefill_checkpoint_blocks > 0
 
 
 AttentionSpec = (

@@ -13,6 +13,7 @@ from kvcore.config import AttentionSpec, KVCacheConfig, is_full_attention, is_pr
 from kvcore.hashing import BlockHash
 from kvcore.managers import CrossAttentionManager, SingleTypeManager, manager_class_for
 from kvcore.managers.base import HitBlocks
+from kvcore.managers.mamba import AlignedMambaManager
 from kvcore.request import Request
 
 
@@ -59,24 +60,26 @@ class KVCacheCoordinator:
         num_encoder_tokens: int = 0,
         num_tokens_main_model: int | None = None,
         num_local_computed_tokens: int | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> int:
         """Free blocks all groups together consume to give the request ``num_tokens`` slots (and a
         cross-attention group ``num_encoder_tokens`` slots, an align-mode Mamba group
         ``num_tokens_main_model``: ``num_tokens`` without the lookahead, by default all of them).
-        ``num_local_computed_tokens`` (by default ``total_computed_tokens``) ends the local hit."""
-        return sum(
-            manager.num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, apply_admission_cap)
-            if isinstance(manager, CrossAttentionManager)
-            else manager.num_blocks_to_allocate(
-                request_id,
-                _slots_of(manager, num_tokens, num_tokens_main_model),
-                hit,
-                total_computed_tokens,
-                apply_admission_cap,
-                num_local_computed_tokens,
-            )
-            for manager, hit in zip(self.managers, new_computed_blocks)
-        )
+        ``num_local_computed_tokens`` (by default ``total_computed_tokens``) ends the local hit; an
+        align-mode Mamba group places a prefill checkpoint short of ``num_hash_lookahead_tokens``, the
+        tokens the request's hashes look ahead."""
+        total = 0
+        for manager, hit in zip(self.managers, new_computed_blocks):
+            if isinstance(manager, CrossAttentionManager):
+                total += manager.num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0, apply_admission_cap)
+                continue
+            slots = _slots_of(manager, num_tokens, num_tokens_main_model)
+            arguments = (request_id, slots, hit, total_computed_tokens, apply_admission_cap, num_local_computed_tokens)
+            if isinstance(manager, AlignedMambaManager):
+                total += manager.num_blocks_to_allocate(*arguments, num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+            else:
+                total += manager.num_blocks_to_allocate(*arguments)
+        return total
 
     def allocate_new_computed_blocks(
         self,

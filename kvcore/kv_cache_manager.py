@@ -164,6 +164,7 @@ class KVCacheManager:
                 apply_admission_cap=True,
                 num_encoder_tokens=num_encoder_tokens,
                 num_local_computed_tokens=num_local_computed_tokens,
+                num_hash_lookahead_tokens=request.num_hash_lookahead_tokens,
             )
             if num_blocks_for_all + watermark_blocks > num_free:
                 return None
@@ -178,6 +179,7 @@ class KVCacheManager:
             num_encoder_tokens=num_encoder_tokens,
             num_tokens_main_model=num_tokens_main_model,
             num_local_computed_tokens=num_local_computed_tokens,
+            num_hash_lookahead_tokens=request.num_hash_lookahead_tokens,
         )
         if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None

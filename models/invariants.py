@@ -444,7 +444,8 @@ def mamba_align_keeps_few_states(check: StepCheck) -> None:
     """A request holding blocks in an align-mode Mamba group holds a live block in the table's last
     position, and at most two live blocks (the state a step copies from and the one it writes), one
     more under async scheduling (a step in flight keeps the state it started from), and its
-    speculative blocks; every other position holds the null block.
+    speculative blocks; with prefill checkpoints, one more per step not yet processed (the checkpoint
+    a chunk keeps before its last state); every other position holds the null block.
 
     Guards: null padding off by one (the new state not at the last slot's
     block); positions between states given real blocks, as an attention
@@ -454,7 +455,9 @@ def mamba_align_keeps_few_states(check: StepCheck) -> None:
     for rid, group_id, table in _tables_of_kind(check, "mamba_align"):
         if not table:
             continue
-        limit = 2 + in_flight + check.config.groups[group_id].speculative_blocks
+        group = check.config.groups[group_id]
+        checkpoints = 0 if group.prefill_checkpoint_alignment is None else 1 + in_flight
+        limit = 2 + in_flight + group.speculative_blocks + checkpoints
         live = [b for b in table if b != 0]
         if table[-1] == 0 or len(live) > limit:
             _fail(

@@ -26,6 +26,7 @@ from kvcheck.ops import (
     StepResult,
     plan_async_load,
     plan_step,
+    prefill_checkpoint_fits,
 )
 from kvcheck.pipeline import StepPipeline
 
@@ -137,6 +138,9 @@ class ManagerModel:
         self.mamba_allocated: set[tuple[str, int]] = set()
         """The (request, align-mode Mamba group) pairs that have had an allocation since the request was
         last freed: their next allocations take no speculative blocks and move them instead."""
+        self.checkpoints: dict[tuple[str, int], tuple[int, int]] = {}
+        """(request, align-mode Mamba group) -> (tokens, position): the prefill checkpoint the request's
+        latest allocation keeps, the state after that many tokens in the block at that table position."""
         self.copy_pending: dict[tuple[str, int], tuple[int, int]] = {}
         """(request, group) -> (position, block): a shared block the request's table holds where it writes
         next (a hit ending inside the block, or a state it cached inside the block it goes on writing),
@@ -647,13 +651,21 @@ class ManagerModel:
             if group.kind == "mamba_align":
                 hit = hit_ids[group_id] if waiting else ()
                 taken += sum(1 for b in hit if b in self.pool.free_order)
-                wanted = self._slot_blocks(rid, group_id, num_tokens if main is None else main)
+                end = num_tokens if main is None else main
+                wanted = self._slot_blocks(rid, group_id, end)
                 most = 1 if (rid, group_id) in self.mamba_allocated else 1 + group.speculative_blocks
                 copies = copies or (rid, group_id) in self.copy_pending
                 num_new = wanted - len(hit) - len(self.table(rid, group_id))
                 if copies:
                     num_new = max(num_new, 0) + 1
-                taken += min(num_new, most + copies)
+                checkpoint = self._checkpoint_tokens(rid, group_id, total_computed, end)
+                if not cap:
+                    # The allocation that follows (and the caching after it) writes this checkpoint.
+                    if checkpoint:
+                        self.checkpoints[(rid, group_id)] = (checkpoint, ceil_div(end, block_size) - 2)
+                    else:
+                        self.checkpoints.pop((rid, group_id), None)
+                taken += min(num_new, most + copies + (checkpoint > 0))
                 continue
             if group.kind in UNCACHED_KINDS:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
@@ -670,6 +682,27 @@ class ManagerModel:
                 length_before_growth = max(num_skipped, len(hit_ids[group_id]))
             taken += max(0, required - length_before_growth) + copies
         return taken
+
+    def _checkpoint_tokens(self, rid: str, group_id: int, start: int, end: int) -> int:
+        """The tokens the prefill checkpoint of an align-mode Mamba group's chunk from ``start`` to ``end``
+        is after, or 0 for none: the last hit boundary short of the chunk's last token (of the hash
+        lookahead), when the backend exports it inside the chunk and its table position (the one before
+        the last state's) is past the table, null, or one of the speculative blocks already taken."""
+        group = self.groups[group_id]
+        if group.prefill_checkpoint_alignment is None:
+            return 0
+        block_size = self.block_sizes[group_id]
+        lookahead = max(1, self.config.num_hash_lookahead_tokens)
+        tokens = max(0, (end - lookahead) // self.alignment * self.alignment)
+        fits = prefill_checkpoint_fits(
+            group.prefill_checkpoint_alignment, block_size, self.hash_size, start, end, tokens
+        )
+        position = ceil_div(end, block_size) - 2
+        if not fits or position < 0:
+            return 0
+        table = self.table(rid, group_id)
+        taken = (rid, group_id) in self.mamba_allocated and position >= len(table) - group.speculative_blocks
+        return tokens if position >= len(table) or table[position] == NULL or taken else 0
 
     def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:
         """Whether a waiting request's hit in a group ends inside one of its blocks (only with sub-block
@@ -762,15 +795,17 @@ class ManagerModel:
         table = self.table(rid, group_id)
         key = (rid, group_id)
         pending = self.copy_pending.pop(key, None)
-        if wanted <= len(table) and pending is None:
+        checkpoint = int(key in self.checkpoints)
+        if wanted <= len(table) and pending is None and not checkpoint:
             self.mamba_allocated.add(key)
             return []
         before = len(table)
         speculative = self.groups[group_id].speculative_blocks
         last_state = wanted - speculative - 1
-        table.extend([NULL] * max(0, last_state - before))
+        # A checkpoint's position (the one before the last state's) gets a block, or keeps its speculative one.
+        table.extend([NULL] * max(0, last_state - checkpoint - before))
         if key in self.mamba_allocated:
-            for position in range(before - speculative, min(before, last_state)):
+            for position in range(before - speculative, min(before, last_state - checkpoint)):
                 table.append(table[position])
                 table[position] = NULL
         new = self.pool.take_free(max(0, wanted - len(table)) + (pending is not None))
@@ -844,7 +879,9 @@ class ManagerModel:
                 self.events.append(self._stored_event(rid, group_id, start, num_full, positions))
             if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
                 self._cache_partial_tail(rid, group_id, cacheable)
-            if group.kind == "mamba_align":
+            if group.kind == "mamba_align" and (rid, group_id) in self.checkpoints:
+                self._cache_checkpoint(rid, group_id)
+            elif group.kind == "mamba_align":
                 self._recache_prompt_state(rid, group_id, cacheable)
 
     def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
@@ -894,6 +931,33 @@ class ManagerModel:
         key = (group_id, self.prefix_to(rid, boundary))
         if self.pool.add_key(table[boundary // block_size], key) and self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, boundary))
+
+    def _cache_checkpoint(self, rid: str, group_id: int) -> None:
+        """The block of the request's prefill checkpoint is entered under the key of the tokens its state is
+        after, in place of every key it has, when those tokens end a block, are the prompt's checkpoint or
+        end a prefix shared with an earlier request; otherwise it loses every key (a transient state)."""
+        tokens, position = self.checkpoints[(rid, group_id)]
+        request = self.requests[rid]
+        table = self.table(rid, group_id)
+        if position >= len(table) or table[position] == NULL:
+            return
+        block = table[position]
+        lookahead = max(1, self.config.num_hash_lookahead_tokens)
+        prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // self.alignment * self.alignment)
+        if (
+            tokens != prompt_checkpoint
+            and tokens % self.block_sizes[group_id]
+            and tokens != request.shared_prefix_boundary
+        ):
+            self.pool.evict([block])
+            return
+        key = (group_id, self.prefix_to(rid, tokens))
+        if self.pool.cache.get(block) == key:
+            return
+        self.pool.evict([block])
+        self.pool.add_key(block, key)
+        if self.events is not None:
+            self.events.append(self._boundary_event(rid, group_id, tokens))
 
     def _recache_prompt_state(self, rid: str, group_id: int, num_tokens: int) -> None:
         """An align-mode Mamba group enters the state at the prompt's last hash boundary short of its
@@ -1008,6 +1072,7 @@ class ManagerModel:
                 table = self.pool.holders.pop((rid, group_id), [])
                 self.num_cached.pop((rid, group_id), None)
                 self.mamba_allocated.discard((rid, group_id))
+                self.checkpoints.pop((rid, group_id), None)
                 self.copy_pending.pop((rid, group_id), None)
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
@@ -1022,6 +1087,7 @@ class ManagerModel:
             table = self.pool.holders.pop((rid, group_id), [])
             self.num_cached.pop((rid, group_id), None)
             self.mamba_allocated.discard((rid, group_id))
+            self.checkpoints.pop((rid, group_id), None)
             self.copy_pending.pop((rid, group_id), None)
             self.pool.release(reversed(table))
 

@@ -17,6 +17,7 @@ from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEven
 from kvcheck.ops import (
     FailedLoad,
     FinishAsyncLoad,
+    GroupIds,
     Operation,
     Preempt,
     ResetPrefixCache,
@@ -60,6 +61,9 @@ SUB_BLOCK_HIT_COPIED = "hit ending inside a block copied on write"
 STATE_COPIED_FOR_CACHE = "Mamba state cached inside a block copied for the cache"
 MIXED_PRECISION_ZEROED = "new blocks zeroed in a cache of two KV cache dtypes"
 ASYNC_LOAD_LEFT_UNZEROED = "async load's blocks left out of zeroing"
+PREFILL_CHECKPOINT_CACHED = "prefill checkpoint cached under a boundary past its block's end"
+PREFILL_CHECKPOINT_TRANSIENT = "transient prefill checkpoint left uncached"
+PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK = "prefill checkpoint kept in a speculative block"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -96,6 +100,9 @@ ALL_LABELS = (
     STATE_COPIED_FOR_CACHE,
     MIXED_PRECISION_ZEROED,
     ASYNC_LOAD_LEFT_UNZEROED,
+    PREFILL_CHECKPOINT_CACHED,
+    PREFILL_CHECKPOINT_TRANSIENT,
+    PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
 )
 
 
@@ -112,6 +119,9 @@ MAMBA_LABELS = (
     MAMBA_ALIGN_PADDED,
     SUB_BLOCK_HIT_COPIED,
     STATE_COPIED_FOR_CACHE,
+    PREFILL_CHECKPOINT_CACHED,
+    PREFILL_CHECKPOINT_TRANSIENT,
+    PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
 
@@ -269,6 +279,26 @@ def _partial_entries(model: ManagerModel) -> set[tuple[CacheKey, int]]:
     }
 
 
+def _checkpoint_labels(model: ManagerModel, rid: str, new_block_ids: GroupIds) -> list[str]:
+    """The labels of the prefill checkpoints a request's step keeps: one whose block is entered under
+    the key of a boundary past the block's end (a state kept in the block before its own position), one
+    whose block keeps no key (a transient state), one kept in a speculative block the table held (not
+    among the step's new blocks)."""
+    labels = []
+    for (request_id, group_id), (tokens, position) in model.checkpoints.items():
+        if request_id != rid:
+            continue
+        block = model.table(rid, group_id)[position]
+        if block not in new_block_ids[group_id]:
+            labels.append(PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK)
+        key = model.pool.cache.get(block)
+        if key is None:
+            labels.append(PREFILL_CHECKPOINT_TRANSIENT)
+        elif key == (group_id, model.prefix_to(rid, tokens)) and tokens > (position + 1) * model.block_sizes[group_id]:
+            labels.append(PREFILL_CHECKPOINT_CACHED)
+    return labels
+
+
 def _nulls(model: ManagerModel, op: Operation, *kinds: str) -> int:
     """Null blocks in the tables of a scheduled request's groups of ``kinds``."""
     if not isinstance(op, Schedule | SpecDecode):
@@ -348,6 +378,7 @@ def step_labels(
         aligned = [new_ids[g] for g, group in enumerate(model.groups) if group.kind == "mamba_align"]
         if any(0 in ids for ids in aligned):
             labels.append(MAMBA_ALIGN_PADDED)
+        labels.extend(_checkpoint_labels(model, op.request_id, result.new_block_ids or ()))
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
     if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):

@@ -20,11 +20,15 @@ from kvcheck.ops import (
     Schedule,
     SpecDecode,
     StartAsyncLoad,
+    StepResult,
     describe_op,
 )
 from kvcheck.stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
 from kvcheck.stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
 from kvcheck.targets import TargetFactory
+
+MAX_PREFILL_CHUNKS = 8
+"""The most steps one chunked prefill takes (a prompt of a few blocks needs fewer)."""
 
 
 def manager_machine(
@@ -48,7 +52,7 @@ def manager_machine(
             self.held_before_preemption: dict[str, set[int]] = {}
             self.prompts: dict[str, tuple[int, ...]] = {}
 
-        def _step(self, op: Operation) -> None:
+        def _step(self, op: Operation) -> StepResult:
             model = self.lockstep.model
             before = BeforeStep.capture(model, op)
             result, _ = self.lockstep.step(op)
@@ -56,6 +60,7 @@ def manager_machine(
             for label in step_labels(op, result, before, model, self.held_before_preemption):
                 event(label)
                 LABELS_SEEN[label] += 1
+            return result
 
         @initialize(
             target=requests,
@@ -131,6 +136,20 @@ def manager_machine(
         )
         def schedule(self, request_id: str, num_new_tokens: int, num_external_tokens: int, sampled_token: int) -> None:
             self._step(Schedule(request_id, num_new_tokens, num_external_tokens, sampled_token))
+
+        @rule(request_id=requests, chunk_blocks=st.integers(1, 3), sampled_token=tokens)
+        def chunked_prefill(self, request_id: str, chunk_blocks: int, sampled_token: int) -> None:
+            """The scheduler prefills a request in chunks of one token budget (1 to 3 scheduler blocks),
+            one step each, until its prompt is computed or a step is refused, as vLLM's chunked prefill
+            splits a prompt longer than the budget across steps."""
+            model = self.lockstep.model
+            budget = chunk_blocks * self.lockstep.config.scheduler_block_size
+            for _ in range(MAX_PREFILL_CHUNKS):
+                request = model.requests.get(request_id)
+                if request is None or request.loading or request.num_computed_tokens >= request.num_prompt_tokens:
+                    return
+                if self._step(Schedule(request_id, budget, 0, sampled_token)).admitted is not True:
+                    return
 
         @rule(request_id=requests, sampled_token=tokens)
         def decode(self, request_id: str, sampled_token: int) -> None:

@@ -21,7 +21,14 @@ def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
     if group.kind == "mamba":
         return kvcore.MambaSpec(block_size, group.speculative_blocks)
     if group.kind == "mamba_align":
-        return kvcore.MambaSpec(block_size, group.speculative_blocks, cache_mode="align")
+        alignment = group.prefill_checkpoint_alignment
+        return kvcore.MambaSpec(
+            block_size,
+            group.speculative_blocks,
+            cache_mode="align",
+            num_prefill_checkpoint_blocks=int(alignment is not None),
+            prefill_checkpoint_alignment=alignment,
+        )
     if group.kind == "ring":
         return kvcore.CircularBufferSpec(block_size)
     if group.kind == "cross_attention":

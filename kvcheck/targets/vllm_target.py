@@ -167,13 +167,17 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
     if group.kind == "mla":
         return v.MLAAttentionSpec(**layout)
     if group.kind in ("mamba", "mamba_align"):
-        # One small state tensor; the allocator reads only the block size, the mode and the speculative blocks.
+        # One small state tensor; the allocator reads only the block size, the mode, the speculative blocks
+        # and the prefill checkpoints.
+        alignment = group.prefill_checkpoint_alignment
         return v.MambaSpec(
             shapes=((1,),),
             dtypes=(v.dtype,),
             block_size=block_size,
             mamba_cache_mode="align" if group.kind == "mamba_align" else "none",
             num_speculative_blocks=group.speculative_blocks,
+            num_prefill_checkpoint_blocks=int(alignment is not None),
+            prefill_checkpoint_alignment=alignment,
         )
     raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
 

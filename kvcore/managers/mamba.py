@@ -89,6 +89,18 @@ class AlignedMambaManager(MambaManager):
     (the base class's copy on write).  The request that cached it goes on
     writing its block: its next allocation takes a new block, moves the
     state's cache entry to it and queues the copy into it.
+
+    With prefill checkpoints (:attr:`MambaSpec.has_prefill_checkpoints`) a
+    chunk whose backend can export a state inside it keeps one: the state at
+    the last hit boundary (on :attr:`hit_alignment`) short of the chunk's last
+    token, written into the block before the last state's position (a new
+    block there instead of the null one, or the speculative block already
+    there).  Its cache entry is that boundary's key, in place of the block's
+    own full key, when the boundary is a block boundary, the prompt's
+    checkpoint or the end of a prefix shared with an earlier request;
+    otherwise the state is transient and the block keeps no key.  While a
+    checkpoint is recorded, the prompt's last hash boundary is not cached
+    inside its block (the checkpoint stands for it).
     """
 
     counts_main_model_slots = True
@@ -103,6 +115,9 @@ class AlignedMambaManager(MambaManager):
         """Requests that have had an allocation (not only a hit) since they were last freed."""
         self.cached_this_step: set[BlockHashWithGroup] = set()
         """Keys of states cached in the current scheduler step."""
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        """Per request: the prefill checkpoint of its latest allocation, as (the tokens its state is
+        after, the table position of its block)."""
 
     @classmethod
     def find_longest_cache_hit(
@@ -144,10 +159,15 @@ class AlignedMambaManager(MambaManager):
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_local_computed_tokens: int | None = None,
+        num_hash_lookahead_tokens: int = 0,
     ) -> int:
         """At most one new block (and the speculative blocks, on a request's first allocation; none when
-        the slots fit the table; one more for a copy on write), plus hit blocks sitting free; a count
-        below zero when the table already reaches past the slots (vLLM 0.33.0 sums it as it is)."""
+        the slots fit the table; one more for a copy on write, one more for a prefill checkpoint), plus
+        hit blocks sitting free; a count below zero when the table already reaches past the slots (vLLM
+        0.33.0 sums it as it is).  Unless ``apply_admission_cap`` (the whole-request gate), records the
+        prefill checkpoint the chunk from ``total_computed_tokens`` to ``num_tokens`` keeps, if any, for
+        the allocation and caching that follow (hashes covering ``num_hash_lookahead_tokens`` tokens
+        past their end)."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.pool.num_blocks + 1
         num_new_blocks = (
@@ -160,8 +180,15 @@ class AlignedMambaManager(MambaManager):
         copies = self.has_partial_hit(new_computed_blocks, num_local_computed_tokens) or request_id in self.partial_hits
         if copies:
             num_new_blocks = max(num_new_blocks, 0) + 1
+        checkpoint = self._checkpoint_position(request_id, total_computed_tokens, num_tokens, num_hash_lookahead_tokens)
+        if not apply_admission_cap:
+            # The allocation that follows (and the caching after it) writes this checkpoint.
+            if checkpoint:
+                self.checkpoints[request_id] = (checkpoint, ceil_div(num_tokens, self.block_size) - 2)
+            else:
+                self.checkpoints.pop(request_id, None)
         if num_new_blocks > 0:
-            num_new_blocks = min(num_new_blocks, self._most_new_blocks(request_id) + copies)
+            num_new_blocks = min(num_new_blocks, self._most_new_blocks(request_id) + copies + (checkpoint > 0))
         num_evictable_hits = sum(1 for block in new_computed_blocks if block.ref_cnt == 0 and not block.is_null)
         return num_new_blocks + num_evictable_hits
 
@@ -169,6 +196,39 @@ class AlignedMambaManager(MambaManager):
         """The table length for ``num_tokens`` main-model slots: a state per block, then the speculative
         blocks."""
         return ceil_div(num_tokens, self.block_size) + self.spec.num_speculative_blocks
+
+    def _checkpoint_position(self, request_id: str, query_start: int, query_end: int, lookahead: int) -> int:
+        """The tokens the state a chunk from ``query_start`` to ``query_end`` keeps as its prefill checkpoint
+        is after, or 0 for none (vLLM 0.33.0's ``get_mamba_prefill_checkpoint_position`` and
+        ``is_mamba_prefill_checkpoint_valid``): the last hit boundary short of the chunk's last token (of
+        the hash lookahead), when the chunk starts on a hash boundary a hash block or more below it, a
+        multiple of the backend's alignment below it, and in an earlier block than the checkpoint's
+        table position (the one before the last state's); and that position is past the table, or holds
+        the null block or (after a first allocation) a speculative block."""
+        spec = self.spec
+        alignment = spec.prefill_checkpoint_alignment
+        if not spec.has_prefill_checkpoints or alignment is None:
+            return 0
+        block_size = self.block_size
+        hash_block_size = self.pool.hash_block_size or block_size
+        position = max(0, (query_end - max(1, lookahead)) // self.hit_alignment * self.hit_alignment)
+        index = ceil_div(query_end, block_size) - 2
+        valid = (
+            query_start % hash_block_size == 0
+            and index > (query_start - 1) // block_size
+            and query_start + hash_block_size <= position
+            and query_start < position < query_end
+            and (position - query_start) % alignment == 0
+        )
+        if not valid or index < 0:
+            return 0
+        table = self.req_to_blocks.get(request_id, [])
+        writable = (
+            index >= len(table)
+            or table[index].is_null
+            or (request_id in self.allocated_requests and index >= len(table) - spec.num_speculative_blocks)
+        )
+        return position if writable else 0
 
     def _most_new_blocks(self, request_id: str) -> int:
         """The new blocks one allocation takes at most: one state, and on a request's first allocation
@@ -188,7 +248,8 @@ class AlignedMambaManager(MambaManager):
         num_speculative = self.spec.num_speculative_blocks
         num_required = self._num_required_blocks(num_tokens)
         partial_hit = self.partial_hits.pop(request_id, None)
-        if num_required <= len(table) and partial_hit is None:
+        checkpoint = int(request_id in self.checkpoints)
+        if num_required <= len(table) and partial_hit is None and not checkpoint:
             self.allocated_requests.add(request_id)
             return []
         num_before = len(table)
@@ -198,12 +259,14 @@ class AlignedMambaManager(MambaManager):
         elif num_before > 0:
             self.last_state_block[request_id] = num_before - 1
         num_skipped = num_required - num_speculative - 1
+        # A checkpoint's position (the one before the last state's) gets a block, not the null one.
         if num_before < num_skipped:
-            table.extend([self.null_block] * (num_skipped - num_before))
+            table.extend([self.null_block] * (num_skipped - checkpoint - num_before))
         if allocated:
-            # Speculative blocks the new state positions pass over move to the table's end, whole.
+            # Speculative blocks the new state positions pass over move to the table's end, whole; one at
+            # a checkpoint's position stays, the checkpoint's block.
             for position in range(num_before - num_speculative, num_before):
-                if position >= num_skipped:
+                if position >= num_skipped - checkpoint:
                     break
                 table.append(table[position])
                 table[position] = self.null_block
@@ -231,36 +294,86 @@ class AlignedMambaManager(MambaManager):
     def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:
         """Cache the full blocks' states, and remember their keys for this scheduler step.
 
-        The state at the prompt's last hash boundary a later request can hit
-        up to is entered whenever ``num_tokens`` is that boundary and its
-        block is not cached there yet: again after its key was evicted while
-        held, or first, inside a block, with hashes finer than the blocks.
-        Inside a block the request then goes on writing that block: its next
-        allocation moves the entry to a copy (:meth:`allocate_new_blocks`)."""
+        A prefill checkpoint recorded for the request's latest allocation is
+        entered under its boundary's key in place of its block's full key,
+        or loses every key if transient (:meth:`_cache_checkpoint`).  With
+        none recorded, the state at the prompt's last hash boundary a later
+        request can hit up to is entered whenever ``num_tokens`` is that
+        boundary and its block is not cached there yet: again after its key
+        was evicted while held, or first, inside a block, with hashes finer
+        than the blocks.  Inside a block the request then goes on writing
+        that block: its next allocation moves the entry to a copy
+        (:meth:`allocate_new_blocks`)."""
         request_id = request.request_id
         num_cached = self.num_cached_blocks.get(request_id, 0)
         super().cache_blocks(request, num_tokens, replay_boundaries)
         table = self.req_to_blocks.get(request_id, [])
+        if request_id in self.checkpoints:
+            key = self._cache_checkpoint(request, table)
+        else:
+            key = self._cache_prompt_state(request, num_tokens, table)
+        if key is not None:
+            self.cached_this_step.add(key)
         for block in table[num_cached : self.num_cached_blocks.get(request_id, 0)]:
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
+
+    def _cache_checkpoint(self, request: Request, table: list[KVBlock]) -> BlockHashWithGroup | None:
+        """Enter the request's prefill checkpoint block under the key of the tokens its state is after, in
+        place of every key it has (the full key the block's position was just cached under speaks of
+        another state), when the checkpoint is on a block boundary, is the prompt's own or ends a prefix
+        shared with an earlier request; otherwise drop every key it has.  The key entered, if new."""
+        position, index = self.checkpoints[request.request_id]
+        block = table[index]
+        if block.is_null:
+            return None
+        if not self.checkpoint_is_kept(request, position):
+            if block.block_hash is not None:
+                self.pool.evict_blocks([block.block_id])
+            return None
+        if self.pool.hash_tokens(block, (index + 1) * self.block_size) == position:
+            return None
+        hash_block_size = self.pool.hash_block_size or self.block_size
+        num_hashes = position // hash_block_size
+        key = (request.block_hashes[num_hashes - 1], self.group_id)
+        self.pool.cache_partial_block(block, key, position, replace=True)
+        if self.pool.enable_kv_cache_events:
+            self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
+        return key
+
+    def checkpoint_is_kept(self, request: Request, position: int) -> bool:
+        """Whether the request's prefill checkpoint after ``position`` tokens stays hittable: on a block
+        boundary, the prompt's own checkpoint (the last hit boundary short of its last token) or the end
+        of a prefix a lookup found shared with an earlier request; any other is transient."""
+        lookahead = max(1, request.num_hash_lookahead_tokens)
+        alignment = self.hit_alignment
+        prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // alignment * alignment)
+        return (
+            position == prompt_checkpoint
+            or position % self.block_size == 0
+            or position == request.shared_prefix_boundary
+        )
+
+    def _cache_prompt_state(self, request: Request, num_tokens: int, table: list[KVBlock]) -> BlockHashWithGroup | None:
+        """Enter the state at the prompt's last hash boundary, when ``num_tokens`` is that boundary and its
+        block is not cached there yet (see :meth:`cache_blocks`).  The key, if entered now."""
         hash_block_size = self.pool.hash_block_size or self.block_size
         lookahead = max(1, request.num_hash_lookahead_tokens)
         boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_block_size * hash_block_size)
         position = ceil_div(num_tokens, self.block_size) - 1
         if num_tokens != boundary or boundary == 0 or position >= len(table):
-            return
+            return None
         block = table[position]
         if block.is_null or self.pool.hash_tokens(block, (position + 1) * self.block_size) == boundary:
-            return
+            return None
         num_hashes = boundary // hash_block_size
         key = (request.block_hashes[num_hashes - 1], self.group_id)
         if self.pool.cache_partial_block(block, key, boundary) and self.pool.enable_kv_cache_events:
             self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
-        self.cached_this_step.add(key)
         if boundary % self.block_size:
-            self.partial_hits[request_id] = (position, block)
-            self.num_cached_blocks[request_id] = position
+            self.partial_hits[request.request_id] = (position, block)
+            self.num_cached_blocks[request.request_id] = position
+        return key
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int) -> None:
         """Free every live block before the one holding token ``num_computed_tokens - 1``'s state, null
@@ -285,6 +398,7 @@ class AlignedMambaManager(MambaManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVBlock]:
         self.allocated_requests.discard(request_id)
+        self.checkpoints.pop(request_id, None)
         self.last_state_block.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         return super().pop_blocks_for_free(request_id)

@@ -39,6 +39,10 @@ PRODUCER_STEPS: list[Operation] = [
 """A request whose prompt's last hash boundary (6) falls inside a 4-token Mamba block: its chunks stop
 at 4 and 6, and its third step writes the block holding the state cached at 6."""
 
+CHECKPOINTS_INSIDE_BLOCKS = TargetConfig(
+    32, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4, prefill_checkpoint_alignment=1)), True
+)
+
 MIXED_DTYPES = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4, kv_cache_dtype="fp8")), True)
 
 SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
@@ -392,6 +396,20 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         MIXED_DTYPES,
         [AddRequest("a", (1, 2, 3, 4, 5, 6, 7)), StartAsyncLoad("a", 4)],
         "zeroed_blocks_are_fresh",
+    ),
+    # A 10-token prompt in one chunk keeps the state after 8 tokens in position 1: the block it takes
+    # there (1) is handed out before the last state's (2); left null, the state takes block 1.
+    "checkpoint-block-left-null": (
+        TargetConfig(16, 4, (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),), True),
+        [AddRequest("a", tuple(range(10))), Schedule("a", 10)],
+        "lru_eviction_when_caching_on",
+    ),
+    # A first chunk of 8 keeps the state after 6 tokens in position 0 of 4-token Mamba blocks hashed
+    # every 2: transient, so position 0's 4-token key goes; kept, the cache holds an entry too many.
+    "transient-checkpoint-keeps-its-key": (
+        CHECKPOINTS_INSIDE_BLOCKS,
+        [AddRequest("a", tuple(range(1, 21))), Schedule("a", 8)],
+        "cache_matches_model",
     ),
 }
 

@@ -45,3 +45,42 @@ def test_decode_and_resumed_output_are_not_split() -> None:
     but the last) as prefill, split like the prompt."""
     assert chunk(10, 1, num_tokens=11) == 1
     assert chunk(0, 20, num_tokens=14) == 12
+
+
+CHECKPOINTS = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1)), True)
+
+
+@pytest.mark.parametrize(
+    ("start", "asked", "with_checkpoints", "without", "why"),
+    [
+        (
+            0,
+            20,
+            10,
+            8,
+            "a chunk reaching the prefill's end runs past the last cacheable boundary: the backend "
+            "exports the state at 8 inside it",
+        ),
+        (4, 20, 6, 4, "from a block boundary, a block or more below the checkpoint: the same"),
+        (1, 20, 3, 3, "a chunk starting off the hash boundaries exports nothing: it stops at the next block"),
+        (0, 7, 4, 4, "a chunk short of the prefill's end keeps its block-boundary stop"),
+    ],
+)
+def test_a_chunk_exporting_its_checkpoint_is_not_split(
+    start: int, asked: int, with_checkpoints: int, without: int, why: str
+) -> None:
+    op = Schedule("r", asked)
+    amounts = ScheduleAmounts(min(asked, 10 - start), 0)
+    assert split_at_mamba_states(amounts, op, start, 10, 10, 0, CHECKPOINTS).num_new_tokens == with_checkpoints, why
+    assert split_at_mamba_states(amounts, op, start, 10, 10, 0, CONFIG).num_new_tokens == without, why
+
+
+@pytest.mark.parametrize(("alignment", "expected"), [(1, 10), (2, 10), (4, 10), (8, 10), (3, 8), (5, 8)])
+def test_a_checkpoint_off_the_backends_alignment_is_not_exported(alignment: int, expected: int) -> None:
+    """The checkpoint at 8 lies 8 tokens past a chunk starting at 0: a backend exporting states every 1,
+    2, 4 or 8 tokens exports it and the chunk runs on to the prefill's end; one exporting every 3 or 5
+    tokens does not, and the chunk stops at the last cacheable boundary, as without checkpoints."""
+    groups = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=alignment))
+    config = TargetConfig(16, 4, groups, True)
+    amounts = split_at_mamba_states(ScheduleAmounts(10, 0), Schedule("r", 20), 0, 10, 10, 0, config)
+    assert amounts.num_new_tokens == expected

@@ -882,6 +882,21 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "fp8 for a mamba_align group, which holds states, not a KV cache",
         ),
         (
+            {"groups": [{"kind": "full", "prefill_checkpoint_alignment": 1}]},
+            r"config.groups\[0\].prefill_checkpoint_alignment",
+            "only a mamba_align group has prefill checkpoints, got 1",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align", "prefill_checkpoint_alignment": 0}]},
+            r"config.groups\[1\].prefill_checkpoint_alignment",
+            "must be an integer from 1 to 1024 tokens, got 0",
+        ),
+        (
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align", "prefill_checkpoint_alignment": "1"}]},
+            r"config.groups\[1\].prefill_checkpoint_alignment",
+            "must be an integer from 1 to 1024 tokens, got '1'",
+        ),
+        (
             {"groups": [{"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}], "hash_block_size": 1},
             "config.hash_block_size",
             r"1 is below groups\[1\] mamba_align's block_size 2, beside groups \[0\] .*not modelled",
