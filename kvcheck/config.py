@@ -501,6 +501,14 @@ class TargetConfig:
                 f"{self.num_hash_lookahead_tokens} with use_eagle true: hashes that look ahead replace the EAGLE "
                 "drop (vLLM's scheduler turns the drop off)",
             )
+        checkpointed = [i for i, group in enumerate(self.groups) if group.prefill_checkpoint_alignment is not None]
+        if checkpointed and self.async_scheduling and self.num_hash_lookahead_tokens:
+            raise ConfigError(
+                f"groups[{checkpointed[0]}].prefill_checkpoint_alignment",
+                "prefill checkpoints with async scheduling and hashes that look ahead: vLLM 0.33.0 places a "
+                "step's checkpoint past the hashes of a request whose step reaches a token still being sampled, "
+                "and asserts (tests/vllm/test_known_defects.py)",
+            )
         if not isinstance(self.eagle_group_ids, tuple):
             raise ConfigError("eagle_group_ids", f"must be a list of group indices, got {shown(self.eagle_group_ids)}")
         for index, group_id in enumerate(self.eagle_group_ids):

@@ -327,14 +327,16 @@ class AlignedMambaManager(MambaManager):
         block = table[index]
         if block.is_null:
             return None
-        if not self.checkpoint_is_kept(request, position):
+        hash_block_size = self.pool.hash_block_size or self.block_size
+        num_hashes = position // hash_block_size
+        # A step reaching a token still being sampled (async scheduling) may place its checkpoint past the
+        # request's hashes: no key says what it holds, so it is kept as a transient one (vLLM 0.33.0 asserts).
+        if not self.checkpoint_is_kept(request, position) or num_hashes > len(request.block_hashes):
             if block.block_hash is not None:
                 self.pool.evict_blocks([block.block_id])
             return None
         if self.pool.hash_tokens(block, (index + 1) * self.block_size) == position:
             return None
-        hash_block_size = self.pool.hash_block_size or self.block_size
-        num_hashes = position // hash_block_size
         key = (request.block_hashes[num_hashes - 1], self.group_id)
         self.pool.cache_partial_block(block, key, position, replace=True)
         if self.pool.enable_kv_cache_events:

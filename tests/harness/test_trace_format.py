@@ -897,6 +897,16 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "must be an integer from 1 to 1024 tokens, got '1'",
         ),
         (
+            {
+                "groups": [{"kind": "full"}, {"kind": "mamba_align", "prefill_checkpoint_alignment": 1}],
+                "async_scheduling": True,
+                "num_hash_lookahead_tokens": 1,
+                "num_prefill_lookahead": 1,
+            },
+            r"config.groups\[1\].prefill_checkpoint_alignment",
+            "with async scheduling and hashes that look ahead: vLLM 0.33.0",
+        ),
+        (
             {"groups": [{"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}], "hash_block_size": 1},
             "config.hash_block_size",
             r"1 is below groups\[1\] mamba_align's block_size 2, beside groups \[0\] .*not modelled",

@@ -94,3 +94,22 @@ def test_the_none_mode_ignores_checkpoint_blocks() -> None:
         schedule(manager, request, 2)
         tables.append(manager.get_block_ids("a"))
     assert tables[0] == tables[1] == ([0, 2, 1],)
+
+
+def test_a_checkpoint_past_the_hashes_is_kept_uncached() -> None:
+    """A step reaching a token still being sampled (async scheduling) places its checkpoint past the
+    request's hashes: an 8-token request with hashes looking 1 token ahead (7 hashes) computes 7 tokens,
+    then 2; the state after 8 tokens has no key, so its block (position 7) stays uncached, as a transient
+    checkpoint's (vLLM 0.33.0 asserts there)."""
+    manager = KVCacheManager(
+        KVCacheConfig(
+            16, [MambaSpec(1, cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)]
+        )
+    )
+    request = Request("a", list(range(8)), 1, num_hash_lookahead_tokens=1)
+    assert len(request.block_hashes) == 7
+    schedule(manager, request, 7)
+    assert manager.allocate_slots(request, 2) is not None
+    checkpoint = manager.coordinator.managers[0].req_to_blocks["a"][7]
+    assert not checkpoint.is_null and checkpoint.block_hash is None
+    manager.check_invariants()

@@ -44,3 +44,20 @@ def test_external_tokens_beside_an_align_mode_mamba_group_are_not_counted_at_adm
     request = make_request("a", list(range(10)), 2)
     with pytest.raises(ValueError, match="Cannot get"):
         manager.allocate_slots(request, 1, num_external_computed_tokens=8)
+
+
+def test_a_prefill_checkpoint_past_the_hashes_asserts() -> None:
+    """Under async scheduling a running request's step may reach a token still being sampled: an 8-token
+    request with hashes that look 1 token ahead (7 hashes) computes 7 tokens, then schedules 2 (its last
+    known token and the one in flight).  The chunk's checkpoint is the state after 8 tokens, past the
+    hashes, and ``cache_partial_block`` asserts.  kvcore keeps such a checkpoint uncached, as a
+    transient one; kvcheck refuses prefill checkpoints with async scheduling and hashes that look ahead
+    (``groups[i].prefill_checkpoint_alignment``) and its config space draws none there."""
+    group = GroupSpec("mamba_align", prefill_checkpoint_alignment=1)
+    manager = make_manager([group], 16, 1, True, num_hash_lookahead_tokens=1, num_prefill_lookahead=1)
+    request = make_request("a", list(range(8)), 1, num_hash_lookahead_tokens=1)
+    assert len(request.block_hashes) == 7
+    assert manager.allocate_slots(request, 7) is not None
+    request.num_computed_tokens = 7
+    with pytest.raises(AssertionError):
+        manager.allocate_slots(request, 2)
