@@ -985,8 +985,7 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
             '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
             f"MAX_LIVE_STATES = {_max_live_states(config)}",
-            '"""Live states an align-mode Mamba table holds at most, besides its speculative blocks (prefill '
-            'checkpoints included)."""',
+            '"""Live states (checkpoints too) an align-mode Mamba table holds at most, beside speculative blocks."""',
             f"REUSE_ORDER_INVARIANT = {_quote(reuse)}",
             '"""kvcheck\'s invariant for the order in which blocks are handed out, with caching '
             + ("on" if config.enable_caching else "off")
