@@ -698,7 +698,7 @@ class ManagerModel:
             group.prefill_checkpoint_alignment, block_size, self.hash_size, start, end, tokens
         )
         position = ceil_div(end, block_size) - 2
-        if not fits or position < 0:
+        if not fits:
             return 0
         table = self.table(rid, group_id)
         taken = (rid, group_id) in self.mamba_allocated and position >= len(table) - group.speculative_blocks

@@ -220,7 +220,7 @@ class AlignedMambaManager(MambaManager):
             and query_start < position < query_end
             and (position - query_start) % alignment == 0
         )
-        if not valid or index < 0:
+        if not valid:
             return 0
         table = self.req_to_blocks.get(request_id, [])
         writable = (
