@@ -612,12 +612,6 @@ class TargetConfig:
                     f"{self.dcp_world_size} with prefix caching and groups[{index}] mamba_align: vLLM 0.33.0 then "
                     "hits states inside a block (fine-grained hits, not modelled)",
                 )
-            if self.prefix_cache_retention_interval is not None:
-                raise ConfigError(
-                    "prefix_cache_retention_interval",
-                    f"{self.prefix_cache_retention_interval} with groups[{index}] mamba_align: sparse state "
-                    "retention is not modelled (use null)",
-                )
             if self.use_eagle:
                 raise ConfigError(
                     "use_eagle",
@@ -659,7 +653,7 @@ class TargetConfig:
             raise ConfigError("prefix_cache_retention_interval", f"must be an integer >= 0, got {shown(interval)}")
         if interval > MAX_SCHEDULE_TOKENS:
             raise ConfigError("prefix_cache_retention_interval", above(interval, MAX_SCHEDULE_TOKENS, "tokens"))
-        if interval and not any(group.kind in SLIDING_KINDS or group.kind == "mamba" for group in self.groups):
+        if interval and not any(group.kind in SLIDING_KINDS or group.kind in MAMBA_KINDS for group in self.groups):
             raise ConfigError(
                 "prefix_cache_retention_interval",
                 f"{interval} with no sliding-window or Mamba group: retention thins only theirs (vLLM 0.33.0 "

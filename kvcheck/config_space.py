@@ -38,6 +38,10 @@ Half the configurations with caching and a sliding window set a retention
 interval (vLLM's sparse checkpoints): the window then caches only what hits
 at the interval's ends, the prompt's replay boundaries and shared prefixes'
 ends need.
+Half the draws with align-mode Mamba groups set a retention interval as well
+(vLLM's sparse state retention): the groups then cache only the states a
+later hit can resume from, and with an interval of 0 keep a prefill
+checkpoint on the chunk that ends the prefill only.
 Half the hybrid draws with align-mode Mamba groups give them blocks twice as
 large as the attention blocks and the hashes: a hit may then end inside a
 state block, whose shared block the request copies on write (vLLM's
@@ -168,6 +172,7 @@ def random_config(
     sub_block_share: float = 1 / 2,
     mixed_precision_share: float = 1 / 4,
     checkpoint_share: float = 1 / 2,
+    state_retention_share: float = 1 / 2,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -181,7 +186,8 @@ def random_config(
     over decode context parallel ranks, ``sub_block_share`` that of hybrid draws with align-mode Mamba
     groups whose state blocks are twice as large, ``mixed_precision_share`` that of draws with two
     attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed),
-    ``checkpoint_share`` that of draws with align-mode Mamba groups that give them prefill checkpoints;
+    ``checkpoint_share`` that of draws with align-mode Mamba groups that give them prefill checkpoints,
+    ``state_retention_share`` that of those that thin the states they cache by a retention interval;
     the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
@@ -287,7 +293,19 @@ def random_config(
     config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
     config = _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
     config = _mixed_precision(rng, config, mixed_precision_share)
-    return _prefill_checkpoints(rng, config, checkpoint_share)
+    config = _prefill_checkpoints(rng, config, checkpoint_share)
+    return _state_retention(rng, config, state_retention_share)
+
+
+def _state_retention(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the draws with align-mode Mamba groups, a retention interval
+    (vLLM's sparse state retention): 0 (only the states at replay boundaries and shared prefixes' ends,
+    and prefill checkpoints on the chunk ending the prefill only) or two to eight scheduler blocks.
+    (Drawn last.)"""
+    if not config.has_aligned_mamba or config.prefix_cache_retention_interval is not None or rng.random() >= share:
+        return config
+    interval = rng.choice([0, 0, 2, 4, 8]) * config.scheduler_block_size
+    return attrs.evolve(config, prefix_cache_retention_interval=interval).validate()
 
 
 def _prefill_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

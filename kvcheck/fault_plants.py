@@ -1119,6 +1119,36 @@ def plant_transient_checkpoint_keeps_its_key(manager: kvcore.KVCacheManager) -> 
     keep_transient_checkpoints(aligned_mamba_managers(manager), "_cache_checkpoint", "pool", "evict_blocks")
 
 
+def cache_every_state(group_managers: Iterable[Any], keeps_every_state: str, keep: Callable[..., Any]) -> None:
+    """The group managers' method named ``keeps_every_state`` (what decides which states a retention
+    interval keeps) is replaced by ``keep``, which answers that it keeps all of them."""
+    for group_manager in group_managers:
+        setattr(group_manager, keeps_every_state, keep)
+
+
+def ignore_prefill_end(coordinator: Any, count_blocks: str) -> None:
+    """The coordinator's method named ``count_blocks`` runs with ``prefill_end=0`` whatever it is given."""
+    count = getattr(coordinator, count_blocks)
+
+    def count_without_prefill_end(*args: Any, **kwargs: Any) -> Any:
+        kwargs["prefill_end"] = 0
+        return count(*args, **kwargs)
+
+    setattr(coordinator, count_blocks, count_without_prefill_end)
+
+
+def plant_retention_caches_every_state(manager: kvcore.KVCacheManager) -> None:
+    # The bug: an align-mode Mamba group under a retention interval caches its states as densely as with
+    # none (as if it kept the base class's dense policy), every checkpoint on a block boundary too.
+    cache_every_state(aligned_mamba_managers(manager), "_states_per_segment", lambda: None)
+
+
+def plant_checkpoint_before_the_prefill_end(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the coordinator does not hand the prefill's end to the Mamba groups under a retention
+    # interval of 0, so every chunk reserves (and writes) a prefill checkpoint.
+    ignore_prefill_end(manager.coordinator, "num_blocks_to_allocate")
+
+
 # -- zeroing records -----------------------------------------------------------------
 # kvcore's and vLLM's group managers share these names: ``new_block_ids``, ``take_new_block_ids``,
 # ``add_local_computed_blocks`` and ``allocate_external_computed_blocks(..., record_for_zeroing=...)``.

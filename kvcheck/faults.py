@@ -301,6 +301,18 @@ FAULTS: dict[str, Fault] = {
             plants.plant_transient_checkpoint_keeps_its_key,
         ),
         Fault(
+            "retention-caches-every-state",
+            "an align-mode Mamba group under a retention interval caches every state it computes, as with no "
+            "interval: the prefix cache fills with states the interval thins out, evicting those kept for hits",
+            plants.plant_retention_caches_every_state,
+        ),
+        Fault(
+            "checkpoint-before-the-prefill-end",
+            "under a retention interval of 0 the coordinator does not pass the prefill's end to align-mode Mamba "
+            "groups: every prefill chunk reserves a checkpoint block, not only the one ending the prefill",
+            plants.plant_checkpoint_before_the_prefill_end,
+        ),
+        Fault(
             "zeroing-record-not-drained",
             "the blocks recorded for the worker to zero are handed over but the record is not emptied: every "
             "later step zeroes earlier steps' blocks again, wiping computed tokens and cached prefixes",

@@ -13,10 +13,12 @@ from kvcheck.fault_plants import (
     after_hit_taken,
     allocate_without_checkpoint,
     borrow_method,
+    cache_every_state,
     cacheable_counts_reprefillable_tokens,
     counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
+    ignore_prefill_end,
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
@@ -609,6 +611,14 @@ def _transient_checkpoint_keeps_its_key(manager: Any) -> None:
     )
 
 
+def _retention_caches_every_state(manager: Any) -> None:
+    cache_every_state(_align_mode_mamba_managers(manager), "reachable_block_mask", lambda *_, **__: None)
+
+
+def _checkpoint_before_the_prefill_end(manager: Any) -> None:
+    ignore_prefill_end(manager.coordinator, "get_num_blocks_to_allocate")
+
+
 def _zeroing_record_not_drained(manager: Any) -> None:
     keep_zeroing_record(manager.coordinator.single_type_managers)
 
@@ -806,6 +816,16 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM MambaManager._cache_partial_tail_block without BlockPool._maybe_evict_cached_block for a "
             "transient checkpoint",
             _transient_checkpoint_keeps_its_key,
+        ),
+        Fault(
+            "retention-caches-every-state",
+            "vLLM MambaManager.reachable_block_mask returning None (cache every state) whatever the interval",
+            _retention_caches_every_state,
+        ),
+        Fault(
+            "checkpoint-before-the-prefill-end",
+            "vLLM KVCacheCoordinator.get_num_blocks_to_allocate run with prefill_end=0 under an interval of 0",
+            _checkpoint_before_the_prefill_end,
         ),
         Fault(
             "zeroing-record-not-drained",

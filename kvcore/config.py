@@ -449,13 +449,6 @@ class KVCacheConfig:
                     f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): kvcore "
                     "does not implement sub-block state hits there (use a hash_block_size equal to their blocks)",
                 )
-            if self.prefix_cache_retention_interval is not None:
-                raise InvalidConfig(
-                    "prefix_cache_retention_interval",
-                    self.prefix_cache_retention_interval,
-                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement its sparse state "
-                    "retention (use None)",
-                )
             if self.use_eagle:
                 raise InvalidConfig(
                     "use_eagle",

@@ -61,13 +61,17 @@ class KVCacheCoordinator:
         num_tokens_main_model: int | None = None,
         num_local_computed_tokens: int | None = None,
         num_hash_lookahead_tokens: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """Free blocks all groups together consume to give the request ``num_tokens`` slots (and a
         cross-attention group ``num_encoder_tokens`` slots, an align-mode Mamba group
         ``num_tokens_main_model``: ``num_tokens`` without the lookahead, by default all of them).
         ``num_local_computed_tokens`` (by default ``total_computed_tokens``) ends the local hit; an
         align-mode Mamba group places a prefill checkpoint short of ``num_hash_lookahead_tokens``, the
-        tokens the request's hashes look ahead."""
+        tokens the request's hashes look ahead, and, under a retention interval of 0, only in a chunk
+        reaching ``prefill_end`` (where the request's prefill ends)."""
+        if self.config.prefix_cache_retention_interval != 0:
+            prefill_end = 0
         total = 0
         for manager, hit in zip(self.managers, new_computed_blocks):
             if isinstance(manager, CrossAttentionManager):
@@ -76,7 +80,9 @@ class KVCacheCoordinator:
             slots = _slots_of(manager, num_tokens, num_tokens_main_model)
             arguments = (request_id, slots, hit, total_computed_tokens, apply_admission_cap, num_local_computed_tokens)
             if isinstance(manager, AlignedMambaManager):
-                total += manager.num_blocks_to_allocate(*arguments, num_hash_lookahead_tokens=num_hash_lookahead_tokens)
+                total += manager.num_blocks_to_allocate(
+                    *arguments, num_hash_lookahead_tokens=num_hash_lookahead_tokens, prefill_end=prefill_end
+                )
             else:
                 total += manager.num_blocks_to_allocate(*arguments)
         return total

@@ -152,6 +152,8 @@ class KVCacheManager:
             num_tokens_need_slot = min(num_tokens_need_slot, max_model_len)
 
         coordinator = self.coordinator
+        # Where the request's prefill ends: its prompt, or all but the last token of a resumed request.
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         watermark_blocks = self.config.watermark_blocks if has_scheduled_reqs and request.waiting else 0
         num_free = self.block_pool.num_free_blocks
         if full_sequence_must_fit:
@@ -165,6 +167,7 @@ class KVCacheManager:
                 num_encoder_tokens=num_encoder_tokens,
                 num_local_computed_tokens=num_local_computed_tokens,
                 num_hash_lookahead_tokens=request.num_hash_lookahead_tokens,
+                prefill_end=prefill_end,
             )
             if num_blocks_for_all + watermark_blocks > num_free:
                 return None
@@ -180,6 +183,7 @@ class KVCacheManager:
             num_tokens_main_model=num_tokens_main_model,
             num_local_computed_tokens=num_local_computed_tokens,
             num_hash_lookahead_tokens=request.num_hash_lookahead_tokens,
+            prefill_end=prefill_end,
         )
         if num_blocks_needed + watermark_blocks > self.block_pool.num_free_blocks - reserved_blocks:
             return None

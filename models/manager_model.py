@@ -148,6 +148,11 @@ class ManagerModel:
         self.step_copies: list[tuple[int, int]] = []
         """The block copies (source, destination) the allocation of the current step queued; each of
         their blocks holds one reference more until the step releases them (:meth:`_release_copies`)."""
+        self.checkpoints_held_back = 0
+        """Allocations of align-mode Mamba groups that kept no prefill checkpoint only because their chunk
+        did not end the prefill (a retention interval of 0)."""
+        self.states_thinned = 0
+        """Full blocks of align-mode Mamba groups left uncached by a retention interval."""
         self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
         """The groups whose blocks taken from the pool the worker zeroes before the step."""
         self.to_zero: dict[int, list[int]] = {}
@@ -659,6 +664,11 @@ class ManagerModel:
                 if copies:
                     num_new = max(num_new, 0) + 1
                 checkpoint = self._checkpoint_tokens(rid, group_id, total_computed, end)
+                request = self.requests[rid]
+                if checkpoint and self.retention == 0 and end < max(request.num_prompt_tokens, len(request.tokens) - 1):
+                    # Under a retention interval of 0 only the chunk ending the prefill keeps one.
+                    checkpoint = 0
+                    self.checkpoints_held_back += not cap
                 if not cap:
                     # The allocation that follows (and the caching after it) writes this checkpoint.
                     if checkpoint:
@@ -886,7 +896,10 @@ class ManagerModel:
 
     def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
         """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
-        :attr:`sparse_windows`): those ``needed`` blocks up to ``shift`` past a boundary a hit can end on."""
+        :attr:`sparse_windows`): those ``needed`` blocks up to ``shift`` past a boundary a hit can end on.
+        An align-mode Mamba group's are its states a hit can resume from (:meth:`_cached_states`)."""
+        if self.groups[group_id].kind == "mamba_align":
+            return self._cached_states(rid, group_id, start, end)
         sparse = self.sparse_windows.get(group_id)
         if sparse is None:
             return list(range(start, end))
@@ -900,21 +913,53 @@ class ManagerModel:
             ends.update(k * per + shift for k in range(first, (end - shift + needed) // per + 2))
         if self.retention is not None:
             request = self.requests[rid]
-            boundaries = [request.num_prompt_tokens - 1]
-            if self.config.drop_group_ids:
-                # A hit lands a scheduler block below the boundary of a resend and of a longer request.
-                align = self.alignment
-                boundaries = [
-                    max(0, (request.num_prompt_tokens - 1) // align * align - align),
-                    max(0, request.num_prompt_tokens // align * align - align),
-                ]
-            junction = request.shared_prefix_boundary
-            if junction:
-                boundaries.append(junction)
-                if shift:
-                    boundaries.append(junction - block_size)
+            boundaries = self._reachable_boundaries(request)
+            if shift and request.shared_prefix_boundary:
+                boundaries.append(request.shared_prefix_boundary - block_size)
             ends.update(b // self.alignment * self.alignment // block_size + shift for b in boundaries)
         return [p for p in range(start, end) if any(stop - needed <= p < stop for stop in ends)]
+
+    def _reachable_boundaries(self, request: RequestModel) -> list[int]:
+        """Where a later request can resume from this one's blocks, which a retention interval keeps
+        whatever it thins: its replay boundaries (a resend's, all but the last prompt token; with a
+        drafter's drop, a scheduler block below a resend's and a longer request's hit) and the end of a
+        prefix it shares with a request looked up before."""
+        boundaries = [request.num_prompt_tokens - 1]
+        if self.config.drop_group_ids:
+            align = self.alignment
+            boundaries = [
+                max(0, (request.num_prompt_tokens - 1) // align * align - align),
+                max(0, request.num_prompt_tokens // align * align - align),
+            ]
+        if request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary)
+        return boundaries
+
+    def _interval_keeps_state(self, group_id: int, position: int) -> bool:
+        """Whether the retention interval keeps an align-mode Mamba group's state at table ``position``
+        (after ``position + 1`` blocks) for its own sake: every state with no interval or one spanning
+        at most a block, none with 0, else the states after a whole number of ``interval // block``
+        blocks."""
+        blocks_per_interval = (self.retention or 0) // self.block_sizes[group_id]
+        if self.retention is None or (self.retention and blocks_per_interval <= 1):
+            return True
+        return bool(self.retention) and (position + 1) % blocks_per_interval == 0
+
+    def _cached_states(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
+        """The positions in ``[start, end)`` of an align-mode Mamba group's states that are cached: all of
+        them with no retention interval; under one, those it keeps (:meth:`_interval_keeps_state`) and
+        those ending where a later request can resume (:meth:`_reachable_boundaries`), rounded down to a
+        hit boundary.  Counts the live states left out (:attr:`states_thinned`)."""
+        if self.retention is None:
+            return list(range(start, end))
+        block_size = self.block_sizes[group_id]
+        resumed = {
+            b // self.alignment * self.alignment // block_size for b in self._reachable_boundaries(self.requests[rid])
+        }
+        kept = [p for p in range(start, end) if self._interval_keeps_state(group_id, p) or p + 1 in resumed]
+        table = self.table(rid, group_id)
+        self.states_thinned += sum(1 for p in range(start, end) if p not in kept and table[p] != NULL)
+        return kept
 
     def _cache_partial_tail(self, rid: str, group_id: int, num_tokens: int) -> None:
         """A full-attention group with blocks larger than the hashes also caches the prompt's last hash
@@ -944,11 +989,9 @@ class ManagerModel:
         block = table[position]
         lookahead = max(1, self.config.num_hash_lookahead_tokens)
         prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // self.alignment * self.alignment)
-        if (
-            tokens != prompt_checkpoint
-            and tokens % self.block_sizes[group_id]
-            and tokens != request.shared_prefix_boundary
-        ):
+        block_size = self.block_sizes[group_id]
+        kept_for_its_block = tokens % block_size == 0 and self._interval_keeps_state(group_id, tokens // block_size - 1)
+        if tokens != prompt_checkpoint and not kept_for_its_block and tokens != request.shared_prefix_boundary:
             self.pool.evict([block])
             return
         key = (group_id, self.prefix_to(rid, tokens))

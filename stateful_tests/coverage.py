@@ -64,6 +64,9 @@ ASYNC_LOAD_LEFT_UNZEROED = "async load's blocks left out of zeroing"
 PREFILL_CHECKPOINT_CACHED = "prefill checkpoint cached under a boundary past its block's end"
 PREFILL_CHECKPOINT_TRANSIENT = "transient prefill checkpoint left uncached"
 PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK = "prefill checkpoint kept in a speculative block"
+STATE_HIT_UNDER_RETENTION = "prefix hit on a Mamba state under a retention interval"
+STATE_THINNED_BY_RETENTION = "Mamba state left uncached by a retention interval"
+CHECKPOINT_HELD_FOR_PREFILL_END = "prefill checkpoint held back for the chunk ending the prefill"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -103,6 +106,9 @@ ALL_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
     PREFILL_CHECKPOINT_TRANSIENT,
     PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
+    STATE_HIT_UNDER_RETENTION,
+    STATE_THINNED_BY_RETENTION,
+    CHECKPOINT_HELD_FOR_PREFILL_END,
 )
 
 
@@ -122,6 +128,9 @@ MAMBA_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
     PREFILL_CHECKPOINT_TRANSIENT,
     PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
+    STATE_HIT_UNDER_RETENTION,
+    STATE_THINNED_BY_RETENTION,
+    CHECKPOINT_HELD_FOR_PREFILL_END,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
 
@@ -181,6 +190,8 @@ class BeforeStep:
     num_deferred: int
     num_events: int
     partial_entries: set[tuple[CacheKey, int]]
+    states_thinned: int
+    checkpoints_held_back: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -206,6 +217,8 @@ class BeforeStep:
             len(model.pipeline.deferred),
             len(model.events or ()),
             _partial_entries(model),
+            model.states_thinned,
+            model.checkpoints_held_back,
         )
 
 
@@ -379,6 +392,12 @@ def step_labels(
         if any(0 in ids for ids in aligned):
             labels.append(MAMBA_ALIGN_PADDED)
         labels.extend(_checkpoint_labels(model, op.request_id, result.new_block_ids or ()))
+        if result.hit_length and model.retention is not None:
+            labels.append(STATE_HIT_UNDER_RETENTION)
+        if model.checkpoints_held_back > before.checkpoints_held_back:
+            labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
+    if model.states_thinned > before.states_thinned:
+        labels.append(STATE_THINNED_BY_RETENTION)
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
     if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):

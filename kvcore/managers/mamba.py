@@ -101,6 +101,13 @@ class AlignedMambaManager(MambaManager):
     otherwise the state is transient and the block keeps no key.  While a
     checkpoint is recorded, the prompt's last hash boundary is not cached
     inside its block (the checkpoint stands for it).
+
+    Under a retention interval (vLLM's sparse state retention) only the
+    states a later hit can resume from are cached: one per interval (none
+    for 0), those at the prompt's replay boundary and at a shared prefix's
+    end (:meth:`cached_positions`); a checkpoint on a block boundary the
+    interval skips is transient.  With an interval of 0, only the chunk
+    that ends the prefill keeps a checkpoint.
     """
 
     counts_main_model_slots = True
@@ -160,6 +167,7 @@ class AlignedMambaManager(MambaManager):
         apply_admission_cap: bool = False,
         num_local_computed_tokens: int | None = None,
         num_hash_lookahead_tokens: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """At most one new block (and the speculative blocks, on a request's first allocation; none when
         the slots fit the table; one more for a copy on write, one more for a prefill checkpoint), plus
@@ -167,7 +175,7 @@ class AlignedMambaManager(MambaManager):
         0.33.0 sums it as it is).  Unless ``apply_admission_cap`` (the whole-request gate), records the
         prefill checkpoint the chunk from ``total_computed_tokens`` to ``num_tokens`` keeps, if any, for
         the allocation and caching that follow (hashes covering ``num_hash_lookahead_tokens`` tokens
-        past their end)."""
+        past their end; only a chunk reaching ``prefill_end`` keeps one)."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_this_step:
             return self.pool.num_blocks + 1
         num_new_blocks = (
@@ -180,7 +188,9 @@ class AlignedMambaManager(MambaManager):
         copies = self.has_partial_hit(new_computed_blocks, num_local_computed_tokens) or request_id in self.partial_hits
         if copies:
             num_new_blocks = max(num_new_blocks, 0) + 1
-        checkpoint = self._checkpoint_position(request_id, total_computed_tokens, num_tokens, num_hash_lookahead_tokens)
+        checkpoint = self._checkpoint_position(
+            request_id, total_computed_tokens, num_tokens, num_hash_lookahead_tokens, prefill_end
+        )
         if not apply_admission_cap:
             # The allocation that follows (and the caching after it) writes this checkpoint.
             if checkpoint:
@@ -197,17 +207,21 @@ class AlignedMambaManager(MambaManager):
         blocks."""
         return ceil_div(num_tokens, self.block_size) + self.spec.num_speculative_blocks
 
-    def _checkpoint_position(self, request_id: str, query_start: int, query_end: int, lookahead: int) -> int:
+    def _checkpoint_position(
+        self, request_id: str, query_start: int, query_end: int, lookahead: int, prefill_end: int = 0
+    ) -> int:
         """The tokens the state a chunk from ``query_start`` to ``query_end`` keeps as its prefill checkpoint
         is after, or 0 for none (vLLM 0.33.0's ``get_mamba_prefill_checkpoint_position`` and
         ``is_mamba_prefill_checkpoint_valid``): the last hit boundary short of the chunk's last token (of
-        the hash lookahead), when the chunk starts on a hash boundary a hash block or more below it, a
+        the hash lookahead), when the chunk reaches ``prefill_end`` (the coordinator passes 0 unless the
+        retention interval is 0, where only the chunk ending the prefill keeps a state worth a block) and
+        starts on a hash boundary a hash block or more below it, a
         multiple of the backend's alignment below it, and in an earlier block than the checkpoint's
         table position (the one before the last state's); and that position is past the table, or holds
         the null block or (after a first allocation) a speculative block."""
         spec = self.spec
         alignment = spec.prefill_checkpoint_alignment
-        if not spec.has_prefill_checkpoints or alignment is None:
+        if not spec.has_prefill_checkpoints or alignment is None or query_end < prefill_end:
             return 0
         block_size = self.block_size
         hash_block_size = self.pool.hash_block_size or block_size
@@ -345,16 +359,53 @@ class AlignedMambaManager(MambaManager):
 
     def checkpoint_is_kept(self, request: Request, position: int) -> bool:
         """Whether the request's prefill checkpoint after ``position`` tokens stays hittable: on a block
-        boundary, the prompt's own checkpoint (the last hit boundary short of its last token) or the end
-        of a prefix a lookup found shared with an earlier request; any other is transient."""
+        boundary whose state the retention interval keeps (:meth:`state_is_retained`), the prompt's own
+        checkpoint (the last hit boundary short of its last token) or the end of a prefix a lookup found
+        shared with an earlier request; any other is transient."""
         lookahead = max(1, request.num_hash_lookahead_tokens)
         alignment = self.hit_alignment
         prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // alignment * alignment)
         return (
             position == prompt_checkpoint
-            or position % self.block_size == 0
+            or (position % self.block_size == 0 and self.state_is_retained(position // self.block_size - 1))
             or position == request.shared_prefix_boundary
         )
+
+    def _states_per_segment(self) -> int | None:
+        """Under the retention interval, the table positions between two states kept for it: ``None`` for
+        every state (no interval, or one of a block or less), 0 for none (an interval of 0)."""
+        interval = self.retention_interval
+        if interval is None:
+            return None
+        per_segment = interval // self.block_size
+        if interval and per_segment <= 1:
+            return None
+        return per_segment
+
+    def state_is_retained(self, position: int) -> bool:
+        """Whether the retention interval keeps the state at table ``position`` for its own sake: every
+        state without an interval (or with one of a block or less), the one ending each interval's last
+        block otherwise, none with an interval of 0."""
+        per_segment = self._states_per_segment()
+        return per_segment is None or (per_segment > 0 and (position + 1) % per_segment == 0)
+
+    def cached_positions(self, request: Request, start: int, end: int, replay_boundaries: Sequence[int]) -> list[int]:
+        """The states a later hit can resume from (vLLM 0.33.0's sparse state retention): every one without
+        a retention interval; with one, those :meth:`state_is_retained` keeps, and the states at the
+        request's replay boundaries and at the end of a prefix it shares with an earlier request, each
+        rounded down to a hit boundary."""
+        if self._states_per_segment() is None:
+            return list(range(start, end))
+        kept = {position for position in range(start, end) if self.state_is_retained(position)}
+        boundaries = list(replay_boundaries)
+        if request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary)
+        alignment = self.hit_alignment
+        for boundary in boundaries:
+            position = boundary // alignment * alignment // self.block_size - 1
+            if start <= position < end:
+                kept.add(position)
+        return sorted(kept)
 
     def _cache_prompt_state(self, request: Request, num_tokens: int, table: list[KVBlock]) -> BlockHashWithGroup | None:
         """Enter the state at the prompt's last hash boundary, when ``num_tokens`` is that boundary and its

@@ -411,6 +411,26 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(1, 21))), Schedule("a", 8)],
         "cache_matches_model",
     ),
+    # Under an interval of 0 a 12-token prompt keeps only its replay boundary's state (after 10 tokens): a
+    # first chunk of 4 caches no state; caching every state, the state after 4 is one entry too many.
+    "retention-caches-every-state": (
+        TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True, prefix_cache_retention_interval=0),
+        [AddRequest("a", tuple(range(12))), Schedule("a", 4)],
+        "cache_matches_model",
+    ),
+    # Under an interval of 0 a first chunk of 8 of a 14-token prompt keeps no checkpoint (its position 0
+    # stays null); reserving one, the chunk takes a block more (1, 2 where 0, 1 is due).
+    "checkpoint-before-the-prefill-end": (
+        TargetConfig(
+            16,
+            4,
+            (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),),
+            True,
+            prefix_cache_retention_interval=0,
+        ),
+        [AddRequest("a", tuple(range(14))), Schedule("a", 8)],
+        "lru_eviction_when_caching_on",
+    ),
 }
 
 

@@ -917,12 +917,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
             r"2 with prefix caching and groups\[1\] mamba_align",
         ),
         (
-            {
-                "groups": [{"kind": "full"}, {"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}],
-                "prefix_cache_retention_interval": 0,
-            },
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "prefix_cache_retention_interval": 3},
             "config.prefix_cache_retention_interval",
-            "sparse state retention is not modelled",
+            "3 is not a multiple of the scheduler block size 2",
         ),
         (
             {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "use_eagle": True},

@@ -202,9 +202,7 @@ def test_speculative_blocks_count_on_a_requests_first_allocation_only() -> None:
         (lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], dcp_world_size=2), "dcp_world_size"),
         (lambda: KVCacheConfig(8, [SlidingWindowSpec(2, 3), ALIGNED], hash_block_size=1), "hash_block_size"),
         (
-            lambda: KVCacheConfig(
-                8, [FullAttentionSpec(2), SlidingWindowSpec(2, 3), ALIGNED], prefix_cache_retention_interval=0
-            ),
+            lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], prefix_cache_retention_interval=3),
             "prefix_cache_retention_interval",
         ),
         (lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], use_eagle=True), "use_eagle"),
