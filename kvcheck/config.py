@@ -612,10 +612,11 @@ class TargetConfig:
                     f"{self.dcp_world_size} with prefix caching and groups[{index}] mamba_align: vLLM 0.33.0 then "
                     "hits states inside a block (fine-grained hits, not modelled)",
                 )
-            if self.use_eagle:
+            if self.use_eagle and self.partial_hits:
                 raise ConfigError(
                     "use_eagle",
-                    f"true with groups[{index}] mamba_align: an EAGLE drafter's drop beside it is not modelled",
+                    f"true with groups[{index}] mamba_align and sub-block hits: an EAGLE drafter's drop of one "
+                    "hash unit there is not modelled",
                 )
 
     def _validate_context_parallel(self) -> None:

@@ -41,7 +41,10 @@ ends need.
 Half the draws with align-mode Mamba groups set a retention interval as well
 (vLLM's sparse state retention): the groups then cache only the states a
 later hit can resume from, and with an interval of 0 keep a prefill
-checkpoint on the chunk that ends the prefill only.
+checkpoint on the chunk that ends the prefill only.  Two thirds of the
+hybrid draws with align-mode groups, without sub-block hits or a drafter,
+serve an EAGLE drafter in the attention groups (in a third of those in
+every group): the Mamba groups' checkpoints then sit a hit boundary lower.
 Half the hybrid draws with align-mode Mamba groups give them blocks twice as
 large as the attention blocks and the hashes: a hit may then end inside a
 state block, whose shared block the request copies on write (vLLM's
@@ -173,6 +176,7 @@ def random_config(
     mixed_precision_share: float = 1 / 4,
     checkpoint_share: float = 1 / 2,
     state_retention_share: float = 1 / 2,
+    drafter_beside_states_share: float = 2 / 3,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -187,8 +191,9 @@ def random_config(
     groups whose state blocks are twice as large, ``mixed_precision_share`` that of draws with two
     attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed),
     ``checkpoint_share`` that of draws with align-mode Mamba groups that give them prefill checkpoints,
-    ``state_retention_share`` that of those that thin the states they cache by a retention interval;
-    the draws are the same otherwise."""
+    ``state_retention_share`` that of those that thin the states they cache by a retention interval,
+    ``drafter_beside_states_share`` that of those that serve an EAGLE drafter beside them; the draws
+    are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -222,7 +227,7 @@ def random_config(
     can_drop = [index for index, group in enumerate(groups) if group.kind not in ("chunked_local", "mamba_align")]
     # Beside a chunked-local group the drafter sits in other groups only
     # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
-    # (Not beside an align-mode Mamba group: its prefill checkpoints for a drafter are not modelled.)
+    # (Beside an align-mode Mamba group the drafter is drawn last: _drafter_beside_states.)
     aligned_mamba = any(group.kind == "mamba_align" for group in groups)
     use_eagle = eagle_drawn and enable_caching and bool(can_drop) and not aligned_mamba
     must_name_drafters = use_eagle and len(can_drop) < count
@@ -294,7 +299,33 @@ def random_config(
     config = _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
     config = _mixed_precision(rng, config, mixed_precision_share)
     config = _prefill_checkpoints(rng, config, checkpoint_share)
-    return _state_retention(rng, config, state_retention_share)
+    config = _state_retention(rng, config, state_retention_share)
+    return _drafter_beside_states(rng, config, drafter_beside_states_share)
+
+
+def _drafter_beside_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the hybrid draws with align-mode Mamba groups and no drafter
+    yet, an EAGLE drafter whose layers sit in the attention groups (a draft model has no Mamba layers;
+    in a third of those no group is named, so vLLM counts every group the drafter's):
+    its drop shapes the attention groups' hits and moves the Mamba groups' reusable states and prefill
+    checkpoints a hit boundary lower, and it may prefill 1 to 3 tokens past a chunk.  Not with sub-block
+    hits, where its drop is not modelled.  (Drawn last.)"""
+    if not config.has_aligned_mamba or config.use_eagle or config.num_hash_lookahead_tokens:
+        return config
+    attention = tuple(index for index, group in enumerate(config.groups) if group.kind not in MAMBA_KINDS)
+    if not attention or config.partial_hits or rng.random() >= share:
+        return config
+    prefill_lookahead = min(rng.choice([0, 1, 2, 3]), config.block_size)
+    # In a third of the draws no group is named: vLLM then counts every group the drafter's, the Mamba
+    # groups too, whose lookups still look no further than the candidate.
+    drafter_groups = attention if rng.random() < 2 / 3 else ()
+    drafter = attrs.evolve(
+        config, use_eagle=True, eagle_group_ids=drafter_groups, num_prefill_lookahead=prefill_lookahead
+    )
+    try:
+        return drafter.validate()
+    except ConfigError:
+        return config
 
 
 def _state_retention(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

@@ -1137,6 +1137,20 @@ def ignore_prefill_end(coordinator: Any, count_blocks: str) -> None:
     setattr(coordinator, count_blocks, count_without_prefill_end)
 
 
+def keep_checkpoints_at_the_plain_boundary(group_managers: Iterable[Any], drops_checkpoint_block: str) -> None:
+    """The group managers' flag named ``drops_checkpoint_block`` (an EAGLE drafter moves the Mamba
+    group's reusable states and checkpoints a hit boundary lower) is cleared."""
+    for group_manager in group_managers:
+        setattr(group_manager, drops_checkpoint_block, False)
+
+
+def plant_checkpoint_ignores_the_eagle_drop(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the coordinator does not tell the Mamba groups that an EAGLE drafter drops the attention
+    # groups' last hit block, so checkpoints stay at the boundary short of the last token, a block above
+    # where the attention groups' hits land.
+    keep_checkpoints_at_the_plain_boundary(aligned_mamba_managers(manager), "drops_checkpoint_block")
+
+
 def plant_retention_caches_every_state(manager: kvcore.KVCacheManager) -> None:
     # The bug: an align-mode Mamba group under a retention interval caches its states as densely as with
     # none (as if it kept the base class's dense policy), every checkpoint on a block boundary too.

@@ -313,6 +313,13 @@ FAULTS: dict[str, Fault] = {
             plants.plant_checkpoint_before_the_prefill_end,
         ),
         Fault(
+            "checkpoint-ignores-the-eagle-drop",
+            "beside an EAGLE drafter an align-mode Mamba group keeps its prefill checkpoints and its prompt's "
+            "reusable state short of the last token, not a hit boundary lower: the attention groups' hits, "
+            "one block shorter after the drop, find no state there",
+            plants.plant_checkpoint_ignores_the_eagle_drop,
+        ),
+        Fault(
             "zeroing-record-not-drained",
             "the blocks recorded for the worker to zero are handed over but the record is not emptied: every "
             "later step zeroes earlier steps' blocks again, wiping computed tokens and cached prefixes",

@@ -274,12 +274,12 @@ def split_at_mamba_states(
         return amounts
     block_size = config.scheduler_block_size
     end = start + amounts.num_new_tokens
-    lookahead = max(1, config.num_hash_lookahead_tokens)
-    last_cacheable = max(0, (num_tokens - lookahead) // block_size * block_size)
+    lookahead, drop = config.num_hash_lookahead_tokens, config.use_eagle
+    last_cacheable = reusable_boundary(num_tokens, block_size, lookahead, drop)
     # A chunk reaching the prefill's end whose backend exports the checkpoint inside it stops nowhere
     # for a state (but a shared prefix's end).
     checkpoint_step = config.hash_size if config.partial_hits else block_size
-    checkpoint = max(0, (prefill_end - lookahead) // checkpoint_step * checkpoint_step)
+    checkpoint = reusable_boundary(prefill_end, checkpoint_step, lookahead, drop)
     internal = end >= prefill_end and prefill_checkpoint_fits(
         config.prefill_checkpoint_alignment, block_size, config.hash_size, start, end, checkpoint
     )
@@ -290,7 +290,7 @@ def split_at_mamba_states(
         if aligned_end > start or block_size <= op.num_new_tokens:
             end = aligned_end
     partial_tail = config.partial_hits and not internal
-    tail = max(0, (num_prompt_tokens - lookahead) // config.hash_size * config.hash_size) if partial_tail else 0
+    tail = reusable_boundary(num_prompt_tokens, config.hash_size, lookahead, drop) if partial_tail else 0
     junction = shared_prefix_boundary
     stops = (
         (start // block_size + 1) * block_size if start % block_size and not internal else 0,
@@ -300,6 +300,16 @@ def split_at_mamba_states(
     )
     end = min((stop for stop in stops if start < stop < end), default=end)
     return attrs.evolve(amounts, num_new_tokens=max(end - start, 0))
+
+
+def reusable_boundary(num_tokens: int, step: int, lookahead: int, drop: bool) -> int:
+    """The last multiple of ``step`` whose Mamba state a later request can reuse, of a prefix of
+    ``num_tokens`` tokens (vLLM 0.33.0's ``get_mamba_prefill_checkpoint_position``): short of the last
+    token and of the ``lookahead`` tokens hashes look ahead, or, with an EAGLE drafter's drop
+    (``drop``), one ``step`` below the last multiple, where the attention groups' hits land."""
+    if drop:
+        return max(0, num_tokens // step * step - step)
+    return max(0, (num_tokens - max(1, lookahead)) // step * step)
 
 
 def prefill_checkpoint_fits(

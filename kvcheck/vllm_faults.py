@@ -19,6 +19,7 @@ from kvcheck.fault_plants import (
     every_computed_token_skipped,
     first_run_state,
     ignore_prefill_end,
+    keep_checkpoints_at_the_plain_boundary,
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
@@ -611,6 +612,10 @@ def _transient_checkpoint_keeps_its_key(manager: Any) -> None:
     )
 
 
+def _checkpoint_ignores_the_eagle_drop(manager: Any) -> None:
+    keep_checkpoints_at_the_plain_boundary(_align_mode_mamba_managers(manager), "drop_eagle_checkpoint_block")
+
+
 def _retention_caches_every_state(manager: Any) -> None:
     cache_every_state(_align_mode_mamba_managers(manager), "reachable_block_mask", lambda *_, **__: None)
 
@@ -826,6 +831,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "checkpoint-before-the-prefill-end",
             "vLLM KVCacheCoordinator.get_num_blocks_to_allocate run with prefill_end=0 under an interval of 0",
             _checkpoint_before_the_prefill_end,
+        ),
+        Fault(
+            "checkpoint-ignores-the-eagle-drop",
+            "vLLM MambaManager.drop_eagle_checkpoint_block left False though the coordinator serves an EAGLE drafter",
+            _checkpoint_ignores_the_eagle_drop,
         ),
         Fault(
             "zeroing-record-not-drained",

@@ -449,12 +449,12 @@ class KVCacheConfig:
                     f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): kvcore "
                     "does not implement sub-block state hits there (use a hash_block_size equal to their blocks)",
                 )
-            if self.use_eagle:
+            if self.use_eagle and self.partial_hits:
                 raise InvalidConfig(
                     "use_eagle",
                     True,
-                    f"groups[{index}] is Mamba in the align mode: kvcore does not implement an EAGLE drafter's "
-                    "drop beside it (vLLM's hybrid lookup gives a Mamba group no drop margin)",
+                    f"groups[{index}] is Mamba in the align mode with sub-block hits: kvcore does not implement "
+                    "an EAGLE drafter's drop of one hash unit there (use Mamba blocks of the hash size)",
                 )
 
     @property

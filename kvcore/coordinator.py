@@ -37,6 +37,8 @@ class KVCacheCoordinator:
         sub-block hits."""
         for manager in self.managers:
             manager.hit_alignment = self.hit_alignment
+            if isinstance(manager, AlignedMambaManager):
+                manager.drops_checkpoint_block = config.use_eagle
             manager.retention_interval = config.prefix_cache_retention_interval
             manager.records_new_blocks = config.needs_zeroing and manager.zeroed
         if config.max_in_flight_tokens is not None:
@@ -291,7 +293,9 @@ class HybridCoordinator(KVCacheCoordinator):
                     candidate = min(candidate, hit_lengths[first])
                     continue
                 drop = spec_group.drops and index not in verified
-                lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if drop else candidate
+                # A Mamba lookup never drops (a drafter has no Mamba layers): no look past the candidate.
+                peeks = drop and not issubclass(spec_group.manager_class, AlignedMambaManager)
+                lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if peeks else candidate
                 blocks, found = spec_group.manager_class.find_longest_cache_hit(
                     block_hashes,
                     lookup_length,

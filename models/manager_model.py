@@ -27,6 +27,7 @@ from kvcheck.ops import (
     plan_async_load,
     plan_step,
     prefill_checkpoint_fits,
+    reusable_boundary,
 )
 from kvcheck.pipeline import StepPipeline
 
@@ -354,15 +355,19 @@ class ManagerModel:
         """
         num_tokens = len(self.requests[request_id].tokens)
         if len(self.groups) == 1:
-            return self._longest_accepted(request_id, [0], num_tokens - 1, peek=True), 0
+            peek = self.groups[0].kind != "mamba_align"
+            return self._longest_accepted(request_id, [0], num_tokens - 1, peek=peek), 0
         hashed = self.num_hashed_tokens(request_id)
         verified: set[GroupSpec] = set()
 
         def lookup(spec: GroupSpec, group_ids: list[int], current: int) -> int:
             drop = spec in self.dropping_specs and spec not in verified
             assert spec.block_size is not None
-            limit = min(current + spec.block_size, hashed) if drop else current
-            found = self._longest_accepted(request_id, group_ids, limit, peek=drop)
+            # A Mamba group's lookup looks no further and drops nothing (a drafter has no Mamba layers),
+            # though it counts as having dropped.
+            peek = drop and spec.kind != "mamba_align"
+            limit = min(current + spec.block_size, hashed) if peek else current
+            found = self._longest_accepted(request_id, group_ids, limit, peek=peek)
             if drop:
                 verified.add(spec)
             elif found < current:
@@ -702,8 +707,7 @@ class ManagerModel:
         if group.prefill_checkpoint_alignment is None:
             return 0
         block_size = self.block_sizes[group_id]
-        lookahead = max(1, self.config.num_hash_lookahead_tokens)
-        tokens = max(0, (end - lookahead) // self.alignment * self.alignment)
+        tokens = self._reusable_boundary(end, self.alignment)
         fits = prefill_checkpoint_fits(
             group.prefill_checkpoint_alignment, block_size, self.hash_size, start, end, tokens
         )
@@ -713,6 +717,12 @@ class ManagerModel:
         table = self.table(rid, group_id)
         taken = (rid, group_id) in self.mamba_allocated and position >= len(table) - group.speculative_blocks
         return tokens if position >= len(table) or table[position] == NULL or taken else 0
+
+    def _reusable_boundary(self, num_tokens: int, step: int) -> int:
+        """Where an align-mode Mamba group keeps the reusable state of a prefix of ``num_tokens`` tokens, on
+        multiples of ``step``: short of the last token (and of the hash lookahead), or with an EAGLE
+        drafter a ``step`` below the last multiple (:func:`kvcheck.ops.reusable_boundary`)."""
+        return reusable_boundary(num_tokens, step, self.config.num_hash_lookahead_tokens, self.config.use_eagle)
 
     def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:
         """Whether a waiting request's hit in a group ends inside one of its blocks (only with sub-block
@@ -953,9 +963,11 @@ class ManagerModel:
         if self.retention is None:
             return list(range(start, end))
         block_size = self.block_sizes[group_id]
-        resumed = {
-            b // self.alignment * self.alignment // block_size for b in self._reachable_boundaries(self.requests[rid])
-        }
+        request = self.requests[rid]
+        boundaries = self._reachable_boundaries(request)
+        if group_id in self.dropping_group_ids and request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary - block_size)
+        resumed = {b // self.alignment * self.alignment // block_size for b in boundaries}
         kept = [p for p in range(start, end) if self._interval_keeps_state(group_id, p) or p + 1 in resumed]
         table = self.table(rid, group_id)
         self.states_thinned += sum(1 for p in range(start, end) if p not in kept and table[p] != NULL)
@@ -987,8 +999,7 @@ class ManagerModel:
         if position >= len(table) or table[position] == NULL:
             return
         block = table[position]
-        lookahead = max(1, self.config.num_hash_lookahead_tokens)
-        prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // self.alignment * self.alignment)
+        prompt_checkpoint = self._reusable_boundary(request.num_prompt_tokens, self.alignment)
         block_size = self.block_sizes[group_id]
         kept_for_its_block = tokens % block_size == 0 and self._interval_keeps_state(group_id, tokens // block_size - 1)
         if tokens != prompt_checkpoint and not kept_for_its_block and tokens != request.shared_prefix_boundary:
@@ -1010,8 +1021,7 @@ class ManagerModel:
         block that takes its cache entry."""
         request = self.requests[rid]
         hash_size = self.hash_size
-        lookahead = max(1, self.config.num_hash_lookahead_tokens)
-        boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_size * hash_size)
+        boundary = self._reusable_boundary(request.num_prompt_tokens, hash_size)
         table = self.table(rid, group_id)
         position = ceil_div(num_tokens, self.block_sizes[group_id]) - 1
         if num_tokens != boundary or boundary == 0 or position >= len(table) or table[position] == NULL:

@@ -67,6 +67,8 @@ PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK = "prefill checkpoint kept in a speculat
 STATE_HIT_UNDER_RETENTION = "prefix hit on a Mamba state under a retention interval"
 STATE_THINNED_BY_RETENTION = "Mamba state left uncached by a retention interval"
 CHECKPOINT_HELD_FOR_PREFILL_END = "prefill checkpoint held back for the chunk ending the prefill"
+STATE_HIT_BESIDE_DRAFTER = "prefix hit on a Mamba state beside an EAGLE drafter's drop"
+CHECKPOINT_BESIDE_DRAFTER = "prefill checkpoint kept a hit boundary lower for an EAGLE drafter"
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -109,6 +111,8 @@ ALL_LABELS = (
     STATE_HIT_UNDER_RETENTION,
     STATE_THINNED_BY_RETENTION,
     CHECKPOINT_HELD_FOR_PREFILL_END,
+    STATE_HIT_BESIDE_DRAFTER,
+    CHECKPOINT_BESIDE_DRAFTER,
 )
 
 
@@ -131,6 +135,8 @@ MAMBA_LABELS = (
     STATE_HIT_UNDER_RETENTION,
     STATE_THINNED_BY_RETENTION,
     CHECKPOINT_HELD_FOR_PREFILL_END,
+    STATE_HIT_BESIDE_DRAFTER,
+    CHECKPOINT_BESIDE_DRAFTER,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
 
@@ -394,6 +400,10 @@ def step_labels(
         labels.extend(_checkpoint_labels(model, op.request_id, result.new_block_ids or ()))
         if result.hit_length and model.retention is not None:
             labels.append(STATE_HIT_UNDER_RETENTION)
+        if result.hit_length and model.config.use_eagle:
+            labels.append(STATE_HIT_BESIDE_DRAFTER)
+        if model.config.use_eagle and any(rid == op.request_id for rid, _ in model.checkpoints):
+            labels.append(CHECKPOINT_BESIDE_DRAFTER)
         if model.checkpoints_held_back > before.checkpoints_held_back:
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
     if model.states_thinned > before.states_thinned:

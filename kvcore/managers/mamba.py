@@ -125,6 +125,9 @@ class AlignedMambaManager(MambaManager):
         self.checkpoints: dict[str, tuple[int, int]] = {}
         """Per request: the prefill checkpoint of its latest allocation, as (the tokens its state is
         after, the table position of its block)."""
+        self.drops_checkpoint_block = False
+        """An EAGLE drafter serves the model (set by the coordinator): its prompt's reusable state and
+        its prefill checkpoints sit one hit boundary lower, where the attention groups' hits land."""
 
     @classmethod
     def find_longest_cache_hit(
@@ -225,7 +228,7 @@ class AlignedMambaManager(MambaManager):
             return 0
         block_size = self.block_size
         hash_block_size = self.pool.hash_block_size or block_size
-        position = max(0, (query_end - max(1, lookahead)) // self.hit_alignment * self.hit_alignment)
+        position = self.reusable_boundary(query_end, self.hit_alignment, lookahead)
         index = ceil_div(query_end, block_size) - 2
         valid = (
             query_start % hash_block_size == 0
@@ -243,6 +246,16 @@ class AlignedMambaManager(MambaManager):
             or (request_id in self.allocated_requests and index >= len(table) - spec.num_speculative_blocks)
         )
         return position if writable else 0
+
+    def reusable_boundary(self, num_tokens: int, step: int, lookahead: int) -> int:
+        """The last multiple of ``step`` tokens whose state a later request can reuse, of a prefix of
+        ``num_tokens`` tokens (vLLM 0.33.0's ``get_mamba_prefill_checkpoint_position``): short of the
+        last token and of the ``lookahead`` tokens the hashes look ahead; with an EAGLE drafter
+        (:attr:`drops_checkpoint_block`), one ``step`` below the last multiple instead, where the
+        attention groups' hits land after their drop."""
+        if self.drops_checkpoint_block:
+            return max(0, num_tokens // step * step - step)
+        return max(0, (num_tokens - max(1, lookahead)) // step * step)
 
     def _most_new_blocks(self, request_id: str) -> int:
         """The new blocks one allocation takes at most: one state, and on a request's first allocation
@@ -362,9 +375,9 @@ class AlignedMambaManager(MambaManager):
         boundary whose state the retention interval keeps (:meth:`state_is_retained`), the prompt's own
         checkpoint (the last hit boundary short of its last token) or the end of a prefix a lookup found
         shared with an earlier request; any other is transient."""
-        lookahead = max(1, request.num_hash_lookahead_tokens)
-        alignment = self.hit_alignment
-        prompt_checkpoint = max(0, (request.num_prompt_tokens - lookahead) // alignment * alignment)
+        prompt_checkpoint = self.reusable_boundary(
+            request.num_prompt_tokens, self.hit_alignment, request.num_hash_lookahead_tokens
+        )
         return (
             position == prompt_checkpoint
             or (position % self.block_size == 0 and self.state_is_retained(position // self.block_size - 1))
@@ -398,8 +411,10 @@ class AlignedMambaManager(MambaManager):
             return list(range(start, end))
         kept = {position for position in range(start, end) if self.state_is_retained(position)}
         boundaries = list(replay_boundaries)
-        if request.shared_prefix_boundary:
-            boundaries.append(request.shared_prefix_boundary)
+        junction = request.shared_prefix_boundary
+        if junction:
+            # A drafter's group: a request diverging right after the junction hits a block lower.
+            boundaries += [junction, junction - self.block_size] if self.drops_hits else [junction]
         alignment = self.hit_alignment
         for boundary in boundaries:
             position = boundary // alignment * alignment // self.block_size - 1
@@ -411,8 +426,7 @@ class AlignedMambaManager(MambaManager):
         """Enter the state at the prompt's last hash boundary, when ``num_tokens`` is that boundary and its
         block is not cached there yet (see :meth:`cache_blocks`).  The key, if entered now."""
         hash_block_size = self.pool.hash_block_size or self.block_size
-        lookahead = max(1, request.num_hash_lookahead_tokens)
-        boundary = max(0, (request.num_prompt_tokens - lookahead) // hash_block_size * hash_block_size)
+        boundary = self.reusable_boundary(request.num_prompt_tokens, hash_block_size, request.num_hash_lookahead_tokens)
         position = ceil_div(num_tokens, self.block_size) - 1
         if num_tokens != boundary or boundary == 0 or position >= len(table):
             return None

@@ -431,6 +431,20 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(14))), Schedule("a", 8)],
         "lru_eviction_when_caching_on",
     ),
+    # Beside an EAGLE drafter an 11-token prompt in one chunk keeps its checkpoint after 8 tokens (a hit
+    # boundary below the last one, 10); kept short of the last token instead, it is cached after 10.
+    "checkpoint-ignores-the-eagle-drop": (
+        TargetConfig(
+            32,
+            2,
+            (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1)),
+            True,
+            use_eagle=True,
+            eagle_group_ids=(0,),
+        ),
+        [AddRequest("a", tuple(range(11))), Schedule("a", 11)],
+        "cache_matches_model",
+    ),
 }
 
 

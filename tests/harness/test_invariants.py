@@ -431,3 +431,34 @@ def test_events_are_not_checked_when_the_configuration_has_none() -> None:
     check = two_requests_sharing_a_prefix()
     assert check.sut.events == () == check.model.events
     check_all(check)
+
+
+def checkpoint_hit_at_its_boundary(checkpoint_alignment: int | None) -> StepCheck:
+    """Full attention in 4-token blocks beside Mamba states in 2-token blocks, hashed every 2 tokens: a's
+    11-token prefill keeps its checkpoint (the state after 8 tokens) at position 4, the block before its
+    last state's; b, sharing 8 tokens while a still runs, hits it and holds it at position 3, the
+    8-token boundary's.  ``checkpoint_alignment`` is the Mamba group's prefill checkpoint alignment."""
+    groups = (GroupSpec("full", block_size=4), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
+    config = TargetConfig(32, 2, groups, True, hash_block_size=2)
+    check = checked_step(
+        config,
+        [
+            AddRequest("a", tuple(range(11))),
+            Schedule("a", 11, 0, 0),
+            AddRequest("b", (*range(8), 50, 51, 52)),
+            Schedule("b", 3, 0, 0),
+        ],
+    )
+    assert check.sut.tables["a"][1][4] == check.sut.tables["b"][1][3] != 0
+    mamba = attrs.evolve(groups[1], prefill_checkpoint_alignment=checkpoint_alignment)
+    return attrs.evolve(check, config=attrs.evolve(config, groups=(groups[0], mamba)))
+
+
+def test_a_checkpoint_block_is_shared_at_its_boundarys_position() -> None:
+    """Two requests may hold a prefill checkpoint's block at different positions (its own, and the
+    position of the boundary a hit found it under); a Mamba group without checkpoints may not."""
+    check_all(checkpoint_hit_at_its_boundary(1))
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(checkpoint_hit_at_its_boundary(None))
+    assert caught.value.invariant == "no_duplicate_block_ids"
+    assert "block 4 of a and block 3 of b: not a shared prefix" in caught.value.detail

