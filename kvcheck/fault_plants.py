@@ -1137,6 +1137,26 @@ def ignore_prefill_end(coordinator: Any, count_blocks: str) -> None:
     setattr(coordinator, count_blocks, count_without_prefill_end)
 
 
+class _HoldsNothing(set[Any]):
+    """A set that drops whatever is added to it."""
+
+    def add(self, element: Any) -> None:
+        pass
+
+
+def forget_states_cached_this_step(group_managers: Iterable[Any], cached_this_step: str) -> None:
+    """The group managers' set named ``cached_this_step`` (the states cached in the current scheduler step,
+    which a hit must wait for) keeps nothing."""
+    for group_manager in group_managers:
+        setattr(group_manager, cached_this_step, _HoldsNothing())
+
+
+def plant_state_hit_in_the_step_that_caches_it(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the Mamba group does not remember the states it cached in this scheduler step, so a request
+    # scheduled in the same step hits a state whose forward pass has not run yet.
+    forget_states_cached_this_step(aligned_mamba_managers(manager), "cached_this_step")
+
+
 def keep_checkpoints_at_the_plain_boundary(group_managers: Iterable[Any], drops_checkpoint_block: str) -> None:
     """The group managers' flag named ``drops_checkpoint_block`` (an EAGLE drafter moves the Mamba
     group's reusable states and checkpoints a hit boundary lower) is cleared."""

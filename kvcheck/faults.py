@@ -320,6 +320,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_checkpoint_ignores_the_eagle_drop,
         ),
         Fault(
+            "state-hit-in-the-step-that-caches-it",
+            "an align-mode Mamba group forgets which states it cached in the current scheduler step: a request "
+            "scheduled in the same step hits a state whose forward pass has not run yet, and reads garbage",
+            plants.plant_state_hit_in_the_step_that_caches_it,
+        ),
+        Fault(
             "zeroing-record-not-drained",
             "the blocks recorded for the worker to zero are handed over but the record is not emptied: every "
             "later step zeroes earlier steps' blocks again, wiping computed tokens and cached prefixes",

@@ -45,6 +45,11 @@ class Schedule:
     (with two steps in flight already, the oldest output is processed
     first, as the engine waits for it); a running request may then compute
     the tokens its steps in flight will sample.
+
+    With ``same_step`` the request joins the scheduler step of the operation
+    before it (vLLM's ``schedule()`` admitting several requests in one pass):
+    no new step starts, so a Mamba state another request cached in this step
+    cannot be hit yet (only with synchronous scheduling).
     """
 
     name: ClassVar[str] = "schedule"
@@ -52,6 +57,7 @@ class Schedule:
     num_new_tokens: int
     num_external_tokens: int = 0
     sampled_token: int = 0
+    same_step: bool = False
 
 
 @attrs.frozen
@@ -190,9 +196,16 @@ OPERATION_TYPES: dict[str, type[Operation]] = {
 }
 
 
+OPTIONAL_FIELDS: dict[str, object] = {"same_step": False}
+"""Operation fields a trace may leave out, with the value they then take (left out when they have it)."""
+
+
 def op_to_json(op: Operation) -> dict[str, Any]:
-    """The JSON object of an operation: ``{"op": name, **fields}``."""
-    fields = attrs.asdict(op, recurse=False)
+    """The JSON object of an operation: ``{"op": name, **fields}``, optional fields at their default left
+    out."""
+    fields = {
+        k: v for k, v in attrs.asdict(op, recurse=False).items() if k not in OPTIONAL_FIELDS or v != OPTIONAL_FIELDS[k]
+    }
     return {"op": op.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}}
 
 
@@ -200,7 +213,8 @@ def describe_op(op: Operation) -> str:
     """A short human-readable rendering, e.g. ``schedule(r1, new=4, ext=2)``."""
     if isinstance(op, Schedule):
         extra = f", ext={op.num_external_tokens}" if op.num_external_tokens else ""
-        return f"schedule({op.request_id}, new={op.num_new_tokens}{extra}, sampled={op.sampled_token})"
+        step = ", same step" if op.same_step else ""
+        return f"schedule({op.request_id}, new={op.num_new_tokens}{extra}, sampled={op.sampled_token}{step})"
     if isinstance(op, SpecDecode):
         return (
             f"spec_decode({op.request_id}, drafts={op.num_draft_tokens}, accepted={op.num_accepted_tokens}, "

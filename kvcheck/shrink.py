@@ -59,6 +59,8 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
                 yield attrs.evolve(op, num_new_tokens=smaller)
         if op.sampled_token:
             yield attrs.evolve(op, sampled_token=0)
+        if op.same_step:
+            yield attrs.evolve(op, same_step=False)
     elif isinstance(op, SpecDecode):
         if op.num_draft_tokens > 1:
             yield attrs.evolve(

@@ -144,7 +144,14 @@ class _Run:
         if kind in ("schedule", "process_output"):
             new_tokens = rng.randint(1, rng.choice([4, 32]))
             external = rng.choice([0, rng.randint(1, 8)])
-            return [Schedule(rng.choice(live), new_tokens, external, rng.randrange(TOKEN_ALPHABET))]
+            step = Schedule(rng.choice(live), new_tokens, external, rng.randrange(TOKEN_ALPHABET))
+            if model.aligned_mamba and not model.config.async_scheduling and rng.random() < 1 / 2:
+                # A waiting request joins the step: it may not hit a Mamba state the first caches now.
+                waiting = [r for r in live if r != step.request_id and model.requests[r].waiting]
+                if waiting:
+                    joining = Schedule(rng.choice(waiting), rng.randint(1, 32), 0, step.sampled_token, same_step=True)
+                    return [step, joining]
+            return [step]
         if kind == "finish":
             return [Finish(rng.choice(live))]
         if kind == "preempt":

@@ -33,7 +33,7 @@ from kvcheck.limits import (
     above,
     shown,
 )
-from kvcheck.ops import OPERATION_TYPES, Operation, first_reference_error, op_to_json
+from kvcheck.ops import OPERATION_TYPES, OPTIONAL_FIELDS, Operation, Schedule, first_reference_error, op_to_json
 
 FORMAT = "kvcheck-trace"
 VERSION = 1
@@ -267,11 +267,16 @@ class _Reader:
             raise self.fail(f"unknown operation {shown(name)} (known: {', '.join(OPERATION_TYPES)})", step, "op")
         cls = OPERATION_TYPES[name]
         fields = {a.name for a in attrs.fields(cls)}
-        self.keys(raw, fields | {"op"}, set(), None, step)
+        optional = fields & OPTIONAL_FIELDS.keys()
+        self.keys(raw, fields - optional | {"op"}, optional, None, step)
         kwargs: dict[str, Any] = {}
-        for field in sorted(fields):
+        for field in sorted(fields & raw.keys()):
             item = raw[field]
-            if field == "request_id":
+            if field == "same_step":
+                if not isinstance(item, bool):
+                    raise self.fail(f"expected true or false, got {shown(item)}", step, field)
+                kwargs[field] = item
+            elif field == "request_id":
                 kwargs[field] = self.string(item, field, step, MAX_REQUEST_ID_CHARS)
             elif field == "prompt":
                 kwargs[field] = self.int_list(item, field, (0, MAX_TOKEN_ID), (MAX_PROMPT_TOKENS, "tokens"), step)
@@ -328,6 +333,15 @@ def parse_trace(text: str, where: str = "<trace>") -> Trace:
         raise reader.fail(above(len(ops_raw), MAX_OPS, "operations"), None, "ops")
     ops = [reader.op(item, step) for step, item in enumerate(ops_raw, start=1)]
     reader.check_references(ops, config)
+    if config.async_scheduling:
+        for step, op in enumerate(ops, start=1):
+            if isinstance(op, Schedule) and op.same_step:
+                raise reader.fail(
+                    "true with async scheduling: a step in flight holds one request here, so a step of "
+                    "several requests is not modelled",
+                    step,
+                    "same_step",
+                )
     expect = None
     if "expect" in document:
         raw = reader.object(document["expect"], "expect")

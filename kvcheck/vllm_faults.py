@@ -18,6 +18,7 @@ from kvcheck.fault_plants import (
     counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
+    forget_states_cached_this_step,
     ignore_prefill_end,
     keep_checkpoints_at_the_plain_boundary,
     keep_transient_checkpoints,
@@ -612,6 +613,10 @@ def _transient_checkpoint_keeps_its_key(manager: Any) -> None:
     )
 
 
+def _state_hit_in_the_step_that_caches_it(manager: Any) -> None:
+    forget_states_cached_this_step(_align_mode_mamba_managers(manager), "cached_blocks_this_step")
+
+
 def _checkpoint_ignores_the_eagle_drop(manager: Any) -> None:
     keep_checkpoints_at_the_plain_boundary(_align_mode_mamba_managers(manager), "drop_eagle_checkpoint_block")
 
@@ -836,6 +841,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "checkpoint-ignores-the-eagle-drop",
             "vLLM MambaManager.drop_eagle_checkpoint_block left False though the coordinator serves an EAGLE drafter",
             _checkpoint_ignores_the_eagle_drop,
+        ),
+        Fault(
+            "state-hit-in-the-step-that-caches-it",
+            "vLLM MambaManager.cached_blocks_this_step keeping nothing added to it",
+            _state_hit_in_the_step_that_caches_it,
         ),
         Fault(
             "zeroing-record-not-drained",

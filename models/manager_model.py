@@ -8,7 +8,7 @@ import attrs
 
 from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
 from kvcheck.models.pool_model import NULL, PoolModel
-from kvcheck.observation import CacheEvent, Observation, StoredEvent, block_keys
+from kvcheck.observation import CacheEvent, CacheKey, Observation, StoredEvent, block_keys
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -154,6 +154,11 @@ class ManagerModel:
         did not end the prefill (a retention interval of 0)."""
         self.states_thinned = 0
         """Full blocks of align-mode Mamba groups left uncached by a retention interval."""
+        self.cached_this_step: set[CacheKey] = set()
+        """The keys align-mode Mamba groups entered in the current scheduler step: a request may not hit a
+        state under one of them before the next step starts (its state is not computed yet)."""
+        self.hits_deferred = 0
+        """Schedules refused because their Mamba hit was a state cached in the same step."""
         self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
         """The groups whose blocks taken from the pool the worker zeroes before the step."""
         self.to_zero: dict[int, list[int]] = {}
@@ -505,6 +510,8 @@ class ManagerModel:
         placeholders = self.pipeline.num_placeholders(rid)
         if not waiting and request.num_computed_tokens >= len(request.tokens) + placeholders:
             return StepResult()
+        if not op.same_step:
+            self.cached_this_step.clear()  # a new scheduler step starts
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
@@ -660,6 +667,12 @@ class ManagerModel:
             copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed, block_size)
             if group.kind == "mamba_align":
                 hit = hit_ids[group_id] if waiting else ()
+                if hit and self.pool.cache.get(hit[-1]) in self.cached_this_step:
+                    # The state is computed by this step: the request waits for the next (vLLM asks for
+                    # more blocks than the pool has).
+                    self.hits_deferred += not cap
+                    taken += self.config.num_blocks + 1
+                    continue
                 taken += sum(1 for b in hit if b in self.pool.free_order)
                 end = num_tokens if main is None else main
                 wanted = self._slot_blocks(rid, group_id, end)
@@ -751,6 +764,7 @@ class ManagerModel:
             return StepResult()
         if not self.config.runs_spec_decode:
             return StepResult()
+        self.cached_this_step.clear()  # a new scheduler step starts
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
         slots = request.num_computed_tokens + 1 + num_drafts + self.config.num_lookahead_tokens
@@ -835,8 +849,11 @@ class ManagerModel:
             copy, new = new[0], new[1:]
             self.step_copies.append((source, copy))
             if key in self.mamba_allocated:
-                # The request goes on writing its block: the cache keeps the copy instead.
+                # The request goes on writing its block: the cache keeps the copy instead, filled by this step.
                 self.pool.move_keys(source, copy)
+                moved = self.pool.cache.get(copy)
+                if moved is not None:
+                    self.cached_this_step.add(moved)
             else:
                 table[position] = copy
                 added.insert(0, copy)
@@ -903,6 +920,12 @@ class ManagerModel:
                 self._cache_checkpoint(rid, group_id)
             elif group.kind == "mamba_align":
                 self._recache_prompt_state(rid, group_id, cacheable)
+            if group.kind == "mamba_align":
+                # The states cached now, under the keys they hold after the checkpoint's re-keying.
+                for block in table[start:num_full]:
+                    key = self.pool.cache.get(block)
+                    if block != NULL and key is not None:
+                        self.cached_this_step.add(key)
 
     def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
         """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
@@ -1010,6 +1033,7 @@ class ManagerModel:
             return
         self.pool.evict([block])
         self.pool.add_key(block, key)
+        self.cached_this_step.add(key)
         if self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, tokens))
 
@@ -1032,6 +1056,7 @@ class ManagerModel:
             return
         if self.pool.add_key(block, key) and self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, boundary))
+        self.cached_this_step.add(key)
         if boundary % self.block_sizes[group_id]:
             self.copy_pending[(rid, group_id)] = (position, block)
             self.num_cached[(rid, group_id)] = position
@@ -1078,6 +1103,7 @@ class ManagerModel:
         request = self.requests[rid]
         if request.running or request.loading:
             return StepResult()
+        self.cached_this_step.clear()  # a new scheduler step starts
         num_groups = len(self.groups)
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if self.config.enable_caching:

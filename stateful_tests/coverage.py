@@ -69,6 +69,21 @@ STATE_THINNED_BY_RETENTION = "Mamba state left uncached by a retention interval"
 CHECKPOINT_HELD_FOR_PREFILL_END = "prefill checkpoint held back for the chunk ending the prefill"
 STATE_HIT_BESIDE_DRAFTER = "prefix hit on a Mamba state beside an EAGLE drafter's drop"
 CHECKPOINT_BESIDE_DRAFTER = "prefill checkpoint kept a hit boundary lower for an EAGLE drafter"
+STATE_HIT_DEFERRED = "hit on a Mamba state cached in the same step deferred to the next"
+
+ALIGN_FEATURE_LABELS = (
+    PREFILL_CHECKPOINT_CACHED,
+    PREFILL_CHECKPOINT_TRANSIENT,
+    PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
+    STATE_HIT_UNDER_RETENTION,
+    STATE_THINNED_BY_RETENTION,
+    CHECKPOINT_HELD_FOR_PREFILL_END,
+    STATE_HIT_BESIDE_DRAFTER,
+    CHECKPOINT_BESIDE_DRAFTER,
+    STATE_HIT_DEFERRED,
+)
+"""The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
+beside the group, steps of several requests."""
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -105,14 +120,7 @@ ALL_LABELS = (
     STATE_COPIED_FOR_CACHE,
     MIXED_PRECISION_ZEROED,
     ASYNC_LOAD_LEFT_UNZEROED,
-    PREFILL_CHECKPOINT_CACHED,
-    PREFILL_CHECKPOINT_TRANSIENT,
-    PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
-    STATE_HIT_UNDER_RETENTION,
-    STATE_THINNED_BY_RETENTION,
-    CHECKPOINT_HELD_FOR_PREFILL_END,
-    STATE_HIT_BESIDE_DRAFTER,
-    CHECKPOINT_BESIDE_DRAFTER,
+    *ALIGN_FEATURE_LABELS,
 )
 
 
@@ -129,14 +137,7 @@ MAMBA_LABELS = (
     MAMBA_ALIGN_PADDED,
     SUB_BLOCK_HIT_COPIED,
     STATE_COPIED_FOR_CACHE,
-    PREFILL_CHECKPOINT_CACHED,
-    PREFILL_CHECKPOINT_TRANSIENT,
-    PREFILL_CHECKPOINT_IN_SPECULATIVE_BLOCK,
-    STATE_HIT_UNDER_RETENTION,
-    STATE_THINNED_BY_RETENTION,
-    CHECKPOINT_HELD_FOR_PREFILL_END,
-    STATE_HIT_BESIDE_DRAFTER,
-    CHECKPOINT_BESIDE_DRAFTER,
+    *ALIGN_FEATURE_LABELS,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
 
@@ -198,6 +199,7 @@ class BeforeStep:
     partial_entries: set[tuple[CacheKey, int]]
     states_thinned: int
     checkpoints_held_back: int
+    hits_deferred: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -225,6 +227,7 @@ class BeforeStep:
             _partial_entries(model),
             model.states_thinned,
             model.checkpoints_held_back,
+            model.hits_deferred,
         )
 
 
@@ -408,6 +411,8 @@ def step_labels(
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
     if model.states_thinned > before.states_thinned:
         labels.append(STATE_THINNED_BY_RETENTION)
+    if result.admitted is False and model.hits_deferred > before.hits_deferred:
+        labels.append(STATE_HIT_DEFERRED)
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
     if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):

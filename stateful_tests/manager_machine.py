@@ -135,7 +135,27 @@ def manager_machine(
             sampled_token=tokens,
         )
         def schedule(self, request_id: str, num_new_tokens: int, num_external_tokens: int, sampled_token: int) -> None:
+            """One scheduler step of a request.  Beside an align-mode Mamba group, with synchronous scheduling,
+            a step is joined by the waiting request sharing the longest prefix with it (vLLM's ``schedule()``
+            admitting several in one pass), which may not hit a state the first cached in the step: when the
+            drawn external tokens are even (no external tokens are loaded beside such a group).  The joining
+            request is chosen from what was drawn, not drawn itself, so the search over every other
+            configuration stays as it is."""
             self._step(Schedule(request_id, num_new_tokens, num_external_tokens, sampled_token))
+            model = self.lockstep.model
+            if num_external_tokens % 2 or not model.aligned_mamba or self.lockstep.config.async_scheduling:
+                return
+            scheduled = model.requests.get(request_id)
+            waiting = [r for r, request in model.requests.items() if r != request_id and request.waiting]
+            if scheduled is None or not waiting:
+                return
+
+            def shared(other: str) -> tuple[int, int]:
+                tokens = model.requests[other].tokens
+                common = next((i for i, (a, b) in enumerate(zip(tokens, scheduled.tokens)) if a != b), None)
+                return (min(len(tokens), len(scheduled.tokens)) if common is None else common, int(other[1:]))
+
+            self._step(Schedule(max(waiting, key=shared), num_new_tokens, 0, sampled_token, same_step=True))
 
         @rule(request_id=requests, chunk_blocks=st.integers(1, 3), sampled_token=tokens)
         def chunked_prefill(self, request_id: str, chunk_blocks: int, sampled_token: int) -> None:

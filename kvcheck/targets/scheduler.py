@@ -257,7 +257,8 @@ class SchedulerDrivenTarget:
         placeholders = self.pipeline.num_placeholders(rid)
         if not waiting and request.num_computed_tokens >= request.num_tokens + placeholders:
             return StepResult()  # every token a running request has, or will sample, is computed already
-        self._new_step_starts()
+        if not op.same_step:
+            self._new_step_starts()
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
         hit_length = hit[1] if hit is not None else 0
         amounts = plan_step(

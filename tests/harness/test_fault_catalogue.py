@@ -445,6 +445,18 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(11))), Schedule("a", 11)],
         "cache_matches_model",
     ),
+    # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
+    # the next step (refused); hitting it at once, b is admitted.
+    "state-hit-in-the-step-that-caches-it": (
+        TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True),
+        [
+            AddRequest("a", tuple(range(8))),
+            Schedule("a", 4),
+            AddRequest("b", (*range(4), 9, 9)),
+            Schedule("b", 2, same_step=True),
+        ],
+        "admission_matches_model",
+    ),
 }
 
 

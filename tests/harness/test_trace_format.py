@@ -18,6 +18,7 @@ from kvcheck import limits
 from kvcheck.config import GROUP_KINDS, ConfigError, GroupSpec, TargetConfig
 from kvcheck.ops import (
     OPERATION_TYPES,
+    OPTIONAL_FIELDS,
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -530,10 +531,11 @@ def test_schema_operation_names_are_the_operation_types() -> None:
     "op_schema", OP_SCHEMAS, ids=["/".join(schema_op_names(op_schema)) for op_schema in OP_SCHEMAS]
 )
 def test_schema_operation_fields_are_the_operation_attributes(op_schema: dict[str, Any]) -> None:
-    """Each operation's required fields in the schema are its attributes plus ``op``, and nothing more."""
+    """Each operation's fields in the schema are its attributes plus ``op``, and nothing more; all are
+    required but the optional ones (``same_step``)."""
     for name in schema_op_names(op_schema):
         attributes = {a.name for a in attrs.fields(OPERATION_TYPES[name])}
-        assert set(op_schema["required"]) == attributes | {"op"}, name
+        assert set(op_schema["required"]) == attributes - OPTIONAL_FIELDS.keys() | {"op"}, name
         assert set(op_schema["properties"]) == attributes | {"op"}, name
         assert op_schema["additionalProperties"] is False, name
 
@@ -625,7 +627,8 @@ def test_a_corpus_trace_uses_only_keys_the_schema_names(path: Path) -> None:
     by_name = {name: op_schema for op_schema in OP_SCHEMAS for name in schema_op_names(op_schema)}
     for step, op in enumerate(document["ops"]):
         assert op["op"] in by_name, f"{path.name} step {step}: {op}"
-        assert set(op) == set(by_name[op["op"]]["required"]), f"{path.name} step {step}: {op}"
+        schema = by_name[op["op"]]
+        assert set(schema["required"]) <= set(op) <= set(schema["properties"]), f"{path.name} step {step}: {op}"
 
 
 # -- repro files ----------------------------------------------------------------------
@@ -678,6 +681,36 @@ def test_the_standalone_repro_passes_once_the_fault_is_gone(s003_failing_trace: 
     _, py_path = write_repro(untagged, tmp_path, "s003_fixed")
     result = run_standalone(py_path)
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+def test_same_step_round_trips_and_is_left_out_when_off() -> None:
+    """A schedule joining the step before it writes ``same_step: true`` and loads back equal; one that
+    starts its own step writes no such field, so older traces read the same."""
+    config = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+    ops = (AddRequest("r0", (0, 1, 2)), Schedule("r0", 2), Schedule("r0", 1, same_step=True))
+    text = Trace(config, ops).dumps()
+    assert parse_trace(text, "same_step.json").ops == ops
+    assert text.count('"same_step": true') == 1 and "false" not in text
+
+
+@pytest.mark.parametrize(
+    ("value", "async_scheduling", "message"),
+    [
+        ("yes", False, "expected true or false, got 'yes'"),
+        (1, False, "expected true or false, got 1"),
+        (True, True, "true with async scheduling"),
+    ],
+)
+def test_a_bad_same_step_is_refused_naming_step_and_field(
+    tmp_path: Path, value: object, async_scheduling: bool, message: str
+) -> None:
+    config = TargetConfig(8, 2, (GroupSpec("full"),), True, async_scheduling=async_scheduling)
+    document = json.loads(Trace(config, (AddRequest("r0", (0, 1)), Schedule("r0", 1))).dumps())
+    document["ops"][1]["same_step"] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(TraceError, match=rf"step 2: field 'same_step': {message}"):
+        load_trace(path)
 
 
 def test_use_eagle_round_trips_and_is_left_out_when_off() -> None:
@@ -922,9 +955,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "3 is not a multiple of the scheduler block size 2",
         ),
         (
-            {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "use_eagle": True},
+            {"groups": [{"kind": "full"}, {"kind": "mamba_align", "block_size": 4}], "use_eagle": True},
             "config.use_eagle",
-            "an EAGLE drafter's drop beside it is not modelled",
+            "true with groups\\[1\\] mamba_align and sub-block hits: an EAGLE drafter's drop of one hash unit",
         ),
     ],
 )
