@@ -946,17 +946,16 @@ class ManagerModel:
             ends.update(k * per + shift for k in range(first, (end - shift + needed) // per + 2))
         if self.retention is not None:
             request = self.requests[rid]
-            boundaries = self._reachable_boundaries(request)
-            if shift and request.shared_prefix_boundary:
-                boundaries.append(request.shared_prefix_boundary - block_size)
+            boundaries = self._reachable_boundaries(request, group_id)
             ends.update(b // self.alignment * self.alignment // block_size + shift for b in boundaries)
         return [p for p in range(start, end) if any(stop - needed <= p < stop for stop in ends)]
 
-    def _reachable_boundaries(self, request: RequestModel) -> list[int]:
-        """Where a later request can resume from this one's blocks, which a retention interval keeps
-        whatever it thins: its replay boundaries (a resend's, all but the last prompt token; with a
-        drafter's drop, a scheduler block below a resend's and a longer request's hit) and the end of a
-        prefix it shares with a request looked up before."""
+    def _reachable_boundaries(self, request: RequestModel, group_id: int) -> list[int]:
+        """Where a later request can resume from this one's blocks in group ``group_id``, which a retention
+        interval keeps whatever it thins: its replay boundaries (a resend's, all but the last prompt
+        token; with a drafter's drop, a scheduler block below a resend's and a longer request's hit) and
+        the end of a prefix it shares with a request looked up before (and a block below it in a group
+        that drops: a request diverging right after it cannot peek past it)."""
         boundaries = [request.num_prompt_tokens - 1]
         if self.config.drop_group_ids:
             align = self.alignment
@@ -964,8 +963,11 @@ class ManagerModel:
                 max(0, (request.num_prompt_tokens - 1) // align * align - align),
                 max(0, request.num_prompt_tokens // align * align - align),
             ]
-        if request.shared_prefix_boundary:
-            boundaries.append(request.shared_prefix_boundary)
+        junction = request.shared_prefix_boundary
+        if junction:
+            boundaries.append(junction)
+            if group_id in self.dropping_group_ids:
+                boundaries.append(junction - self.block_sizes[group_id])
         return boundaries
 
     def _interval_keeps_state(self, group_id: int, position: int) -> bool:
@@ -986,14 +988,15 @@ class ManagerModel:
         if self.retention is None:
             return list(range(start, end))
         block_size = self.block_sizes[group_id]
-        request = self.requests[rid]
-        boundaries = self._reachable_boundaries(request)
-        if group_id in self.dropping_group_ids and request.shared_prefix_boundary:
-            boundaries.append(request.shared_prefix_boundary - block_size)
+        boundaries = self._reachable_boundaries(self.requests[rid], group_id)
         resumed = {b // self.alignment * self.alignment // block_size for b in boundaries}
-        kept = [p for p in range(start, end) if self._interval_keeps_state(group_id, p) or p + 1 in resumed]
         table = self.table(rid, group_id)
-        self.states_thinned += sum(1 for p in range(start, end) if p not in kept and table[p] != NULL)
+        kept = []
+        for p in range(start, end):
+            if self._interval_keeps_state(group_id, p) or p + 1 in resumed:
+                kept.append(p)
+            elif table[p] != NULL:
+                self.states_thinned += 1
         return kept
 
     def _cache_partial_tail(self, rid: str, group_id: int, num_tokens: int) -> None:

@@ -303,6 +303,16 @@ class SingleTypeManager:
         """The request's block hashes at this group's block size."""
         return block_hashes_at(request.block_hashes, self.pool.hash_block_size, self.block_size)
 
+    def reachable_boundaries(self, request: Request, replay_boundaries: Sequence[int]) -> list[int]:
+        """Where a later request can resume from this one's blocks, which a retention interval keeps:
+        ``replay_boundaries`` and the end of a prefix the request shares with an earlier one (and, in a
+        group that drops, a block below it: a request diverging right after it cannot peek past it)."""
+        boundaries = list(replay_boundaries)
+        junction = request.shared_prefix_boundary
+        if junction:
+            boundaries += [junction, junction - self.block_size] if self.drops_hits else [junction]
+        return boundaries
+
     def cached_positions(self, request: Request, start: int, end: int, replay_boundaries: Sequence[int]) -> list[int]:
         """The table positions in ``[start, end)`` whose full blocks can serve a hit, and so are cached:
         every one here."""

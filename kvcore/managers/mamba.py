@@ -410,13 +410,8 @@ class AlignedMambaManager(MambaManager):
         if self._states_per_segment() is None:
             return list(range(start, end))
         kept = {position for position in range(start, end) if self.state_is_retained(position)}
-        boundaries = list(replay_boundaries)
-        junction = request.shared_prefix_boundary
-        if junction:
-            # A drafter's group: a request diverging right after the junction hits a block lower.
-            boundaries += [junction, junction - self.block_size] if self.drops_hits else [junction]
         alignment = self.hit_alignment
-        for boundary in boundaries:
+        for boundary in self.reachable_boundaries(request, replay_boundaries):
             position = boundary // alignment * alignment // self.block_size - 1
             if start <= position < end:
                 kept.add(position)

@@ -73,12 +73,7 @@ class SlidingWindowManager(SingleTypeManager):
                 return list(range(start, end))
             kept.update(p for p in range(max(start, shift), end) if (p - shift) % per_interval >= per_interval - needed)
         if retention is not None:
-            boundaries = list(replay_boundaries)
-            junction = request.shared_prefix_boundary
-            if junction:
-                # A request diverging right after the junction cannot peek past it: its hit lands a block lower.
-                boundaries += [junction, junction - block_size] if self.drops_hits else [junction]
-            for boundary in boundaries:
+            for boundary in self.reachable_boundaries(request, replay_boundaries):
                 stop = boundary // alignment * alignment // block_size + shift
                 kept.update(range(max(start, stop - needed), min(end, stop)))
         return sorted(kept)
