@@ -308,17 +308,21 @@ def _drafter_beside_states(rng: random.Random, config: TargetConfig, share: floa
     yet, an EAGLE drafter whose layers sit in the attention groups (a draft model has no Mamba layers;
     in a third of those no group is named, so vLLM counts every group the drafter's):
     its drop shapes the attention groups' hits and moves the Mamba groups' reusable states and prefill
-    checkpoints a hit boundary lower, and it may prefill 1 to 3 tokens past a chunk.  Not with sub-block
-    hits, where its drop is not modelled.  (Drawn last.)"""
+    checkpoints a hit boundary lower (with sub-block hits, a hash block lower), and it may prefill 1 to
+    3 tokens past a chunk.  (Drawn last.)"""
     if not config.has_aligned_mamba or config.use_eagle or config.num_hash_lookahead_tokens:
         return config
     attention = tuple(index for index, group in enumerate(config.groups) if group.kind not in MAMBA_KINDS)
-    if not attention or config.partial_hits or rng.random() >= share:
+    if not attention or rng.random() >= share:
         return config
     prefill_lookahead = min(rng.choice([0, 1, 2, 3]), config.block_size)
     # In a third of the draws no group is named: vLLM then counts every group the drafter's, the Mamba
     # groups too, whose lookups still look no further than the candidate.
     drafter_groups = attention if rng.random() < 2 / 3 else ()
+    if not drafter_groups and config.partial_hits:
+        # A Mamba group holding the drafter, with sub-block hits, takes no lookahead past one token: vLLM
+        # 0.33.0 keys the prompt's state there a step late (tests/vllm/test_known_defects.py).
+        prefill_lookahead = min(prefill_lookahead, 1)
     drafter = attrs.evolve(
         config, use_eagle=True, eagle_group_ids=drafter_groups, num_prefill_lookahead=prefill_lookahead
     )

@@ -440,6 +440,14 @@ class KVCacheConfig:
                     f"groups[{index}] is Mamba in the align mode: under decode context parallelism vLLM "
                     "0.33.0 turns on fine-grained (sub-block) state hits, which kvcore does not implement",
                 )
+            if self.partial_hits and index in self.drop_group_ids and self.num_reprefillable_tokens:
+                raise InvalidConfig(
+                    "num_prefill_lookahead",
+                    self.num_prefill_lookahead,
+                    f"groups[{index}] is Mamba in the align mode with sub-block hits, holding the drafter: with "
+                    "tokens a drafter prefills again, vLLM 0.33.0 enters the prompt's state inside a block a step "
+                    "late, after the forward that ran past it (a stale state), which kvcore does not reproduce",
+                )
             if spec.block_size > self.hash_block_size and not self.partial_hits:
                 blocking = self._groups_without_fine_grained_lookup()
                 raise InvalidConfig(
@@ -448,13 +456,6 @@ class KVCacheConfig:
                     f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks beside groups "
                     f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): kvcore "
                     "does not implement sub-block state hits there (use a hash_block_size equal to their blocks)",
-                )
-            if self.use_eagle and self.partial_hits:
-                raise InvalidConfig(
-                    "use_eagle",
-                    True,
-                    f"groups[{index}] is Mamba in the align mode with sub-block hits: kvcore does not implement "
-                    "an EAGLE drafter's drop of one hash unit there (use Mamba blocks of the hash size)",
                 )
 
     @property

@@ -134,6 +134,11 @@ class KVCacheCoordinator:
             for manager in self.managers
         )
 
+    def _eagle_margin(self, spec: AttentionSpec) -> int:
+        """How far a dropping lookup looks past the candidate: the unit it drops, a hash block with
+        sub-block hits (every group's blocks are then a multiple of it), else one of its blocks."""
+        return min(self.config.hash_block_size, spec.block_size) if self.config.partial_hits else spec.block_size
+
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
         """How many of the first ``num_tokens`` computed tokens group ``group_id`` may cache: all but
         the ones a multi-module drafter may prefill again."""
@@ -295,7 +300,9 @@ class HybridCoordinator(KVCacheCoordinator):
                 drop = spec_group.drops and index not in verified
                 # A Mamba lookup never drops (a drafter has no Mamba layers): no look past the candidate.
                 peeks = drop and not issubclass(spec_group.manager_class, AlignedMambaManager)
-                lookup_length = min(candidate + spec_group.spec.block_size, hashed_tokens) if peeks else candidate
+                lookup_length = (
+                    min(candidate + self._eagle_margin(spec_group.spec), hashed_tokens) if peeks else candidate
+                )
                 blocks, found = spec_group.manager_class.find_longest_cache_hit(
                     block_hashes,
                     lookup_length,
@@ -328,13 +335,18 @@ class HybridCoordinator(KVCacheCoordinator):
                         del trimmed[num_blocks:]
         return tuple(blocks if blocks is not None else [] for blocks in hit_blocks), hit_length, longest - hit_length
 
+    def _eagle_margin(self, spec: AttentionSpec) -> int:
+        """How far a dropping lookup looks past the candidate: the unit it drops, a hash block with
+        sub-block hits (every group's blocks are then a multiple of it), else one of its blocks."""
+        return min(self.config.hash_block_size, spec.block_size) if self.config.partial_hits else spec.block_size
+
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
         """A hybrid cache caches up to a hit boundary (a multiple of the scheduler block size; every
         token with sub-block hits, whose copies would otherwise be cached again); only a group that
         drops keeps the tokens a multi-module drafter may prefill again out of the cache (with one more
         of its blocks: its lookups peek past the hit)."""
-        alignment = self.config.scheduler_block_size
-        aligned = num_tokens if self.config.partial_hits else num_tokens // alignment * alignment
+        alignment = 1 if self.config.partial_hits else self.config.scheduler_block_size
+        aligned = num_tokens // alignment * alignment
         if group_id in self.dropping_group_ids and aligned > 0:
             finalized = max(0, num_tokens - self.config.num_reprefillable_tokens)
             return min(finalized, finalized // alignment * alignment + self.managers[group_id].block_size)

@@ -219,7 +219,7 @@ class ManagerModel:
         return hit_tokens, tuple(found)
 
     def _sub_block_hit(self, request_id: str) -> tuple[int, GroupIds]:
-        """The hit with sub-block hits on (no drafter), as vLLM 0.33.0's hybrid lookup finds it.
+        """The hit with sub-block hits on, as vLLM 0.33.0's hybrid lookup finds it.
 
         The spec groups' fixed point (:meth:`_fixed_point`) from the
         ``num_tokens - 1`` cap.  Full attention takes its run of whole cached
@@ -228,23 +228,45 @@ class ManagerModel:
         boundary whose state is cached; a group hashed at its block size
         accepts a block boundary whose blocks it has.  A full-attention hit
         ending inside a block takes the block cached at the boundary found
-        inside it, even when the hit ends below that boundary."""
+        inside it, even when the hit ends below that boundary.
+
+        With an EAGLE drafter a dropping group's lookup (as in
+        :meth:`eagle_hit_tokens`: on its first lookup, and again only after a
+        lookup without a drop lowered the candidate) looks one hash block past
+        the candidate and drops the last one: full attention a hash block
+        off its hit (which may now end inside a block it found whole), a
+        group hashed at its block size a block whose successor it also has.
+        A Mamba lookup neither looks further nor drops."""
         request = self.requests[request_id]
         hashed = self.num_hashed_tokens(request_id)
+        hash_size = self.hash_size
         inner: dict[int, tuple[int, int]] = {}  # full-attention group -> (position, block) found inside a block
+        verified: set[GroupSpec] = set()
 
         def lookup(spec: GroupSpec, group_ids: list[int], current: int) -> int:
+            dropping = spec in self.dropping_specs and spec not in verified
+            drop = dropping and spec.kind != "mamba_align"
+            limit = min(current + hash_size, hashed) if drop else current
             if spec.kind in FULL_HIT_KINDS:
-                return self._full_sub_block_hit(request_id, group_ids, current, inner)
-            step = self.hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
-            return next(
-                (
-                    t
-                    for t in range(min(current, hashed) // step * step, 0, -step)
-                    if all(self._accepts_tokens(request_id, g, t) for g in group_ids)
-                ),
-                0,
-            )
+                found = self._full_sub_block_hit(request_id, group_ids, limit, inner)
+                found = max(0, found - hash_size) if drop else found
+            elif drop:
+                found = self._longest_accepted(request_id, group_ids, limit, peek=True)
+            else:
+                step = hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
+                found = next(
+                    (
+                        t
+                        for t in range(min(current, hashed) // step * step, 0, -step)
+                        if all(self._accepts_tokens(request_id, g, t) for g in group_ids)
+                    ),
+                    0,
+                )
+            if dropping:
+                verified.add(spec)
+            elif found < current:
+                verified.clear()
+            return found
 
         hit_tokens, longest = self._fixed_point(len(request.tokens) - 1, lookup)
         request.shared_prefix_boundary = longest if longest > hit_tokens else 0
@@ -891,9 +913,9 @@ class ManagerModel:
         reprefillable = self.config.num_reprefillable_tokens
         if len(self.groups) == 1:
             return max(0, num_tokens - reprefillable)
-        if self.partial_hits:
-            return num_tokens  # a copy's block would otherwise be cached again at a boundary inside it
-        align = self.alignment
+        # With sub-block hits every token: a copy's block would otherwise be cached again at a boundary
+        # inside it.
+        align = 1 if self.partial_hits else self.alignment
         if group_id in self.dropping_group_ids and num_tokens >= align:
             finalized = max(0, num_tokens - reprefillable)
             return min(finalized, finalized // align * align + self.block_sizes[group_id])
@@ -958,7 +980,7 @@ class ManagerModel:
         that drops: a request diverging right after it cannot peek past it)."""
         boundaries = [request.num_prompt_tokens - 1]
         if self.config.drop_group_ids:
-            align = self.alignment
+            align = self.config.scheduler_block_size  # not the hash size: a hit's reach, not its step
             boundaries = [
                 max(0, (request.num_prompt_tokens - 1) // align * align - align),
                 max(0, request.num_prompt_tokens // align * align - align),

@@ -70,6 +70,7 @@ CHECKPOINT_HELD_FOR_PREFILL_END = "prefill checkpoint held back for the chunk en
 STATE_HIT_BESIDE_DRAFTER = "prefix hit on a Mamba state beside an EAGLE drafter's drop"
 CHECKPOINT_BESIDE_DRAFTER = "prefill checkpoint kept a hit boundary lower for an EAGLE drafter"
 STATE_HIT_DEFERRED = "hit on a Mamba state cached in the same step deferred to the next"
+HIT_INSIDE_BLOCK_BESIDE_DRAFTER = "hit ending inside a drafter group's block after a one-hash-block drop"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -81,9 +82,10 @@ ALIGN_FEATURE_LABELS = (
     STATE_HIT_BESIDE_DRAFTER,
     CHECKPOINT_BESIDE_DRAFTER,
     STATE_HIT_DEFERRED,
+    HIT_INSIDE_BLOCK_BESIDE_DRAFTER,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
-beside the group, steps of several requests."""
+beside the group (and its one-hash-block drop with sub-block hits), steps of several requests."""
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -140,6 +142,15 @@ MAMBA_LABELS = (
     *ALIGN_FEATURE_LABELS,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
+
+
+def _drop_ends_inside_a_block(model: ManagerModel, hit_length: int) -> bool:
+    """Whether a hit of ``hit_length`` tokens ends inside a block of a full-attention group holding the
+    drafter (whose drop with sub-block hits is one hash block, not one of its blocks)."""
+    return any(
+        model.groups[group_id].kind in FULL_HIT_KINDS and hit_length % model.block_sizes[group_id]
+        for group_id in model.dropping_group_ids
+    )
 
 
 def reachable_labels(num_groups: int | str | None) -> tuple[str, ...]:
@@ -407,6 +418,8 @@ def step_labels(
             labels.append(STATE_HIT_BESIDE_DRAFTER)
         if model.config.use_eagle and any(rid == op.request_id for rid, _ in model.checkpoints):
             labels.append(CHECKPOINT_BESIDE_DRAFTER)
+        if result.hit_length and model.partial_hits and _drop_ends_inside_a_block(model, result.hit_length):
+            labels.append(HIT_INSIDE_BLOCK_BESIDE_DRAFTER)
         if model.checkpoints_held_back > before.checkpoints_held_back:
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
     if model.states_thinned > before.states_thinned:

@@ -61,7 +61,9 @@ class FullAttentionManager(SingleTypeManager):
                     hit_length = (index + 1) * alignment
                     break
         if drop_last and hit_length:
-            hit_length -= block_size
+            # An EAGLE drafter recomputes the last hit unit: a hash block with sub-block hits (the tail
+            # block's tokens before it stay valid), else a block.
+            hit_length -= min(alignment or block_size, block_size)
         hit_length -= hit_length % (alignment or block_size)
         for group_blocks in hit:
             del group_blocks[ceil_div(hit_length, block_size) :]

@@ -878,6 +878,15 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "3 is not a multiple of the scheduler block size 2",
         ),
         (
+            {
+                "groups": [{"kind": "full"}, {"kind": "mamba_align", "block_size": 4}],
+                "use_eagle": True,
+                "num_prefill_lookahead": 2,
+            },
+            "config.num_prefill_lookahead",
+            r"2 with sub-block hits and groups\[1\] mamba_align holding the drafter: vLLM 0.33.0",
+        ),
+        (
             {"groups": [{"kind": "sliding_window", "window": 3}], "prefix_cache_retention_interval": 70000},
             "config.prefix_cache_retention_interval",
             "limit of 65536",
@@ -955,9 +964,13 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "3 is not a multiple of the scheduler block size 2",
         ),
         (
-            {"groups": [{"kind": "full"}, {"kind": "mamba_align", "block_size": 4}], "use_eagle": True},
-            "config.use_eagle",
-            "true with groups\\[1\\] mamba_align and sub-block hits: an EAGLE drafter's drop of one hash unit",
+            {
+                "groups": [{"kind": "full"}, {"kind": "mamba_align", "block_size": 4}],
+                "use_eagle": True,
+                "num_prefill_lookahead": 2,
+            },
+            "config.num_prefill_lookahead",
+            r"2 with sub-block hits and groups\[1\] mamba_align holding the drafter: vLLM 0.33.0",
         ),
     ],
 )

@@ -206,8 +206,13 @@ def test_speculative_blocks_count_on_a_requests_first_allocation_only() -> None:
             "prefix_cache_retention_interval",
         ),
         (
-            lambda: KVCacheConfig(8, [FullAttentionSpec(2), MambaSpec(4, cache_mode="align")], use_eagle=True),
-            "use_eagle",
+            lambda: KVCacheConfig(
+                8,
+                [FullAttentionSpec(2), MambaSpec(4, cache_mode="align")],
+                use_eagle=True,
+                num_prefill_lookahead=2,
+            ),
+            "num_prefill_lookahead",
         ),
         (lambda: KVCacheConfig(8, [MambaSpec(2)]), "enable_caching"),
         (lambda: MambaSpec(2, cache_mode="all"), "cache_mode"),

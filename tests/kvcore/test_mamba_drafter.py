@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcore import FullAttentionSpec, InvalidConfig, KVCacheConfig, KVCacheManager, MambaSpec, Request
+from kvcore import FullAttentionSpec, KVCacheConfig, KVCacheManager, MambaSpec, Request
 from tests.kvcore.test_prefill_checkpoints import cached_keys, schedule
 
 CHECKPOINTED = MambaSpec(2, cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
@@ -58,12 +58,36 @@ def test_the_mamba_lookup_takes_no_look_past_the_candidate() -> None:
     manager.check_invariants()
 
 
-def test_a_drafter_with_sub_block_hits_is_refused_by_field() -> None:
-    """Mamba blocks larger than the hashes (sub-block hits) with a drafter: vLLM drops one hash unit
-    there, which kvcore does not implement."""
-    with pytest.raises(InvalidConfig) as refused:
-        KVCacheConfig(
-            32, [FullAttentionSpec(2), MambaSpec(4, cache_mode="align")], use_eagle=True, eagle_group_ids=(0,)
-        )
-    assert refused.value.field == "use_eagle"
-    assert "sub-block hits" in str(refused.value)
+@pytest.mark.parametrize(("use_eagle", "hit"), [(False, 12), (True, 10)])
+def test_a_drafter_with_sub_block_hits_drops_one_hash_unit(use_eagle: bool, hit: int) -> None:
+    """4-token blocks hashed every 2 tokens (sub-block hits).  A 12-token prompt in chunks ending at 8, 10
+    and 12: the state after 10 tokens, inside the third state block, is cached and copied to a block the
+    cache keeps as the request writes on.  A request sharing all 12 tokens then hits 12 without a drafter.
+    With one, full attention finds its three blocks and drops one hash unit, not a block: the hit (10)
+    ends inside its third block, on the Mamba group's copied state.  The next allocation copies both
+    shared blocks the hit ends inside to blocks of the request's own (copy on write)."""
+    config = KVCacheConfig(
+        32,
+        [FullAttentionSpec(4), MambaSpec(4, cache_mode="align")],
+        use_eagle=use_eagle,
+        eagle_group_ids=(0,) if use_eagle else (),
+        hash_block_size=2,
+    )
+    manager = KVCacheManager(config)
+    first = Request("a", list(range(12)), 2)
+    for chunk in (4, 4, 2, 2):
+        schedule(manager, first, chunk)
+    full, states = manager.get_block_ids("a")
+    (state_copy,), retained = manager.take_block_copies()
+    assert state_copy[0] == states[2]
+    manager.free_retained_blocks(retained)
+    manager.free(first)
+    second = Request("b", [*range(12), 50, 51], 2)
+    hit_blocks, hit_length = manager.get_computed_blocks(second)
+    assert hit_length == hit
+    assert [block.block_id for block in hit_blocks[0]] == full
+    assert hit_blocks[1][2].block_id == (states[2] if hit == 12 else state_copy[1])
+    assert manager.allocate_slots(second, 14 - hit, hit, hit_blocks) is not None
+    copies, _ = manager.take_block_copies()
+    assert [source for source, _ in copies] == ([full[2], state_copy[1]] if use_eagle else [])
+    manager.check_invariants()

@@ -61,3 +61,36 @@ def test_a_prefill_checkpoint_past_the_hashes_asserts() -> None:
     request.num_computed_tokens = 7
     with pytest.raises(AssertionError):
         manager.allocate_slots(request, 2)
+
+
+def test_a_mamba_state_inside_a_block_is_keyed_a_step_late_when_a_drafter_prefills_again() -> None:
+    """Sub-block hits (4-token Mamba blocks hashed every 2 tokens) and a drafter in every group, the
+    Mamba group's too, prefilling 2 tokens past a chunk (1 token it may prefill again, which a dropping
+    group does not cache yet).  A 5-token prompt's reusable state is the one after 2 tokens, inside the
+    first state block.  Its chunk [0, 2) caches nothing (1 token is final); the next chunk [2, 3) keys
+    the block after 2 tokens, though that step's forward runs the same block on to 3: the next step
+    copies the state after 3 tokens into the block the cache keeps under the 2-token prefix.  kvcore
+    and kvcheck refuse the combination (``num_prefill_lookahead``); kvcheck's config space draws a
+    lookahead of at most 1 there."""
+    manager = make_manager(
+        [GroupSpec("full"), GroupSpec("mamba_align")],
+        16,
+        [2, 4],
+        True,
+        use_eagle=True,
+        num_prefill_lookahead=2,
+        hash_block_size=2,
+        scheduler_block_size=4,
+    )
+    states = manager.coordinator.single_type_managers[1]
+    request = make_request("a", list(range(5)), 2)
+    keyed_after = []
+    for num_new_tokens in (2, 1):
+        assert manager.allocate_slots(request, num_new_tokens) is not None
+        keyed_after.append(states.req_to_blocks["a"][0].block_hash_num_tokens)
+        request.num_computed_tokens += num_new_tokens
+    # Keyed after 2 tokens in the step computing token 3 into the block, not in the one ending at 2.
+    assert keyed_after == [None, 2]
+    assert manager.allocate_slots(request, 1) is not None
+    ((source, copy),) = states._pending_cow_copies
+    assert source is states.req_to_blocks["a"][0] and copy.block_hash_num_tokens == 2
