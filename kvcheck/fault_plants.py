@@ -919,6 +919,47 @@ def plant_mamba_state_search_stops_at_first_miss(manager: kvcore.KVCacheManager)
         )
 
 
+def whole_block_drop(manager_class: type, drop: str, alignment: str) -> type:
+    """A subclass of the full-attention ``manager_class`` (kvcore's or vLLM's) whose lookup, asked to drop
+    for an EAGLE drafter (keyword ``drop``), drops one of its blocks where it should drop one hit unit
+    (a hash block with sub-block hits; keyword ``alignment``), and trims its blocks to the shorter hit."""
+
+    def find_longest_cache_hit(cls: type, *args: Any, **kwargs: Any) -> tuple[Any, int]:
+        spec = args[4] if len(args) > 4 else kwargs["kv_cache_spec"]
+        block_size, step = spec.block_size, kwargs.get(alignment) or spec.block_size
+        dropping = kwargs.get(drop, False) and step < block_size and block_size % step == 0
+        if dropping:
+            kwargs[drop] = False
+        hit, length = super(subclass, cls).find_longest_cache_hit(*args, **kwargs)  # type: ignore[misc]
+        if dropping and length:
+            # The bug: the drop is the block-granular one of a cache without sub-block hits.
+            length = max(0, length - block_size)
+            for blocks in hit:
+                del blocks[ceil_div(length, block_size) :]
+        return hit, length
+
+    subclass = type(
+        f"WholeBlockDrop{manager_class.__name__}",
+        (manager_class,),
+        {"find_longest_cache_hit": classmethod(find_longest_cache_hit)},
+    )
+    return subclass
+
+
+def plant_eagle_drops_a_block_inside_sub_block_hits(manager: kvcore.KVCacheManager) -> None:
+    # The bug: with sub-block hits, full attention's lookup for an EAGLE drafter drops a whole block of
+    # its hit, not one hash block: hits come out shorter than vLLM's, and a drafter recomputes a block
+    # of tokens the cache holds.
+    coordinator = manager.coordinator
+    if isinstance(coordinator, HybridCoordinator):
+        coordinator.spec_groups = tuple(
+            attrs.evolve(spec_group, manager_class=whole_block_drop(spec_group.manager_class, "drop_last", "alignment"))
+            if spec_group.manager_class is FullAttentionManager
+            else spec_group
+            for spec_group in coordinator.spec_groups
+        )
+
+
 def padding_counted(count: int, num_positions: int) -> int:
     """An align-mode Mamba admission count that counts a block for every position up to the last slot
     (``num_positions`` past the table and the hit), null padding included, where one block is taken."""

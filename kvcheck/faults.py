@@ -320,6 +320,12 @@ FAULTS: dict[str, Fault] = {
             plants.plant_checkpoint_ignores_the_eagle_drop,
         ),
         Fault(
+            "eagle-drops-a-block-inside-sub-block-hits",
+            "with sub-block hits, full attention's lookup for an EAGLE drafter drops a whole block of its hit, "
+            "not one hash block: hits come out a block short and the drafter recomputes cached tokens",
+            plants.plant_eagle_drops_a_block_inside_sub_block_hits,
+        ),
+        Fault(
             "state-hit-in-the-step-that-caches-it",
             "an align-mode Mamba group forgets which states it cached in the current scheduler step: a request "
             "scheduled in the same step hits a state whose forward pass has not run yet, and reads garbage",

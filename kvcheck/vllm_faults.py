@@ -30,6 +30,7 @@ from kvcheck.fault_plants import (
     release_with_and_condition,
     rswa_gap_from_the_prompts_last_block,
     take_hits_and_external_interleaved,
+    whole_block_drop,
     window_slides_on_scheduled_tokens,
     zero_asynchronous_loads,
 )
@@ -621,6 +622,19 @@ def _checkpoint_ignores_the_eagle_drop(manager: Any) -> None:
     keep_checkpoints_at_the_plain_boundary(_align_mode_mamba_managers(manager), "drop_eagle_checkpoint_block")
 
 
+def _eagle_drops_a_block_inside_sub_block_hits(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+    coordinator = manager.coordinator
+    if hasattr(coordinator, "attention_groups"):
+        coordinator.attention_groups = [
+            group._replace(manager_cls=whole_block_drop(group.manager_cls, "drop_eagle_block", "alignment_tokens"))
+            if group.manager_cls is FullAttentionManager
+            else group
+            for group in coordinator.attention_groups
+        ]
+
+
 def _retention_caches_every_state(manager: Any) -> None:
     cache_every_state(_align_mode_mamba_managers(manager), "reachable_block_mask", lambda *_, **__: None)
 
@@ -841,6 +855,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "checkpoint-ignores-the-eagle-drop",
             "vLLM MambaManager.drop_eagle_checkpoint_block left False though the coordinator serves an EAGLE drafter",
             _checkpoint_ignores_the_eagle_drop,
+        ),
+        Fault(
+            "eagle-drops-a-block-inside-sub-block-hits",
+            "vLLM FullAttentionManager.find_longest_cache_hit dropping block_size, not min(alignment_tokens, "
+            "block_size), for an EAGLE drafter",
+            _eagle_drops_a_block_inside_sub_block_hits,
         ),
         Fault(
             "state-hit-in-the-step-that-caches-it",

@@ -445,6 +445,29 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(11))), Schedule("a", 11)],
         "cache_matches_model",
     ),
+    # 4-token blocks hashed every 2 tokens: a request sharing a 12-token prompt hits 10 beside a drafter
+    # (full attention drops one hash block, onto the state after 10); dropping a block, it hits 8.
+    "eagle-drops-a-block-inside-sub-block-hits": (
+        TargetConfig(
+            32,
+            4,
+            (GroupSpec("full"), GroupSpec("mamba_align")),
+            True,
+            use_eagle=True,
+            eagle_group_ids=(0,),
+            hash_block_size=2,
+        ),
+        [
+            AddRequest("a", tuple(range(12))),
+            Schedule("a", 12),
+            Schedule("a", 12),
+            Schedule("a", 12),
+            Finish("a"),
+            AddRequest("b", (*range(12), 50, 51)),
+            Schedule("b", 14),
+        ],
+        "hit_is_sound_and_maximal",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (
