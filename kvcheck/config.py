@@ -307,6 +307,7 @@ class TargetConfig:
     hash_block_size: int | None = None
     prefix_cache_retention_interval: int | None = None
     dcp_world_size: int = 1
+    enable_mamba_shared_prefix_checkpoint: bool = False
 
     def spec_block_size(self, group_id: int) -> int:
         """Group ``group_id``'s block size on one rank: its own, or the cache's."""
@@ -464,6 +465,19 @@ class TargetConfig:
         """Trailing computed tokens a multi-module drafter may prefill again, which are never cached."""
         return max(0, self.num_prefill_lookahead - 1)
 
+    @property
+    def shared_prefix_checkpoint(self) -> bool:
+        """Whether ``enable_mamba_shared_prefix_checkpoint`` is in force, as vLLM 0.33.0 narrows it: with
+        a drafter's groups, sub-block hits and no tokens a drafter prefills again.  ``mamba_align`` groups
+        then also cache the state at the end of a prefix a lookup found shared, where a prefill chunk
+        ends (inside a block or not)."""
+        return (
+            self.enable_mamba_shared_prefix_checkpoint
+            and bool(self.drafter_group_ids)
+            and self.partial_hits
+            and not self.num_reprefillable_tokens
+        )
+
     def validate(self) -> TargetConfig:
         """This configuration, once every field is checked; raises :class:`ConfigError` naming the first bad one."""
         for name, minimum, maximum in (("num_blocks", 2, MAX_NUM_BLOCKS), ("block_size", 1, MAX_BLOCK_SIZE)):
@@ -489,6 +503,11 @@ class TargetConfig:
             raise ConfigError("num_lookahead_tokens", above(lookahead, MAX_LOOKAHEAD_TOKENS, "tokens"))
         if not isinstance(self.use_eagle, bool):
             raise ConfigError("use_eagle", f"must be true or false, got {shown(self.use_eagle)}")
+        if not isinstance(self.enable_mamba_shared_prefix_checkpoint, bool):
+            raise ConfigError(
+                "enable_mamba_shared_prefix_checkpoint",
+                f"must be true or false, got {shown(self.enable_mamba_shared_prefix_checkpoint)}",
+            )
         for name in ("num_hash_lookahead_tokens", "num_prefill_lookahead"):
             value = getattr(self, name)
             if not is_int(value) or value < 0:
@@ -747,6 +766,8 @@ class TargetConfig:
             steps += f", retention interval {self.prefix_cache_retention_interval}"
         if self.dcp_world_size > 1:
             steps += f", DCP over {self.dcp_world_size} ranks"
+        if self.enable_mamba_shared_prefix_checkpoint:
+            steps += ", shared-prefix checkpoints" + ("" if self.shared_prefix_checkpoint else " (not in force)")
         return (
             f"{self.num_blocks} blocks x {self.block_size} tokens, caching {caching}{eagle}{lookahead}{steps}, "
             f"groups [{kinds}]"
@@ -791,4 +812,6 @@ class TargetConfig:
             document["prefix_cache_retention_interval"] = self.prefix_cache_retention_interval
         if self.dcp_world_size != 1:
             document["dcp_world_size"] = self.dcp_world_size
+        if self.enable_mamba_shared_prefix_checkpoint:
+            document["enable_mamba_shared_prefix_checkpoint"] = True
         return document

@@ -177,6 +177,7 @@ def random_config(
     checkpoint_share: float = 1 / 2,
     state_retention_share: float = 1 / 2,
     drafter_beside_states_share: float = 2 / 3,
+    shared_prefix_checkpoint_share: float = 1 / 3,
 ) -> TargetConfig:
     """A configuration drawn from ``rng``; ``num_groups`` fixes the group count, ``full_pool``
     makes the blocks split evenly among the groups, and ``caching`` fixes prefix caching on or off.
@@ -192,8 +193,9 @@ def random_config(
     attention groups or more that keep some groups' KV cache in fp8 (so new blocks are zeroed),
     ``checkpoint_share`` that of draws with align-mode Mamba groups that give them prefill checkpoints,
     ``state_retention_share`` that of those that thin the states they cache by a retention interval,
-    ``drafter_beside_states_share`` that of those that serve an EAGLE drafter beside them; the draws
-    are the same otherwise."""
+    ``drafter_beside_states_share`` that of those that serve an EAGLE drafter beside them,
+    ``shared_prefix_checkpoint_share`` that of those where shared-prefix checkpoints can be in force
+    (a drafter with sub-block hits) that turn them on; the draws are the same otherwise."""
     block_size = rng.choice([1, 1, 2, 2, 3, 4])
     count = num_groups or rng.randint(1, 4)
     if layout is None:
@@ -300,7 +302,19 @@ def random_config(
     config = _mixed_precision(rng, config, mixed_precision_share)
     config = _prefill_checkpoints(rng, config, checkpoint_share)
     config = _state_retention(rng, config, state_retention_share)
-    return _drafter_beside_states(rng, config, drafter_beside_states_share)
+    config = _drafter_beside_states(rng, config, drafter_beside_states_share)
+    return _shared_prefix_checkpoints(rng, config, shared_prefix_checkpoint_share)
+
+
+def _shared_prefix_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
+    """``config`` with, in a ``share`` of the draws where vLLM 0.33.0 lets them be in force (a drafter's
+    groups, sub-block hits, no tokens a drafter prefills again), shared-prefix checkpoints: align-mode
+    Mamba groups cache the state at the end of a prefix a lookup found shared, where the prefill chunk
+    stops.  (Drawn last.)"""
+    candidate = attrs.evolve(config, enable_mamba_shared_prefix_checkpoint=True)
+    if not candidate.shared_prefix_checkpoint or rng.random() >= share:
+        return config
+    return candidate
 
 
 def _drafter_beside_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

@@ -1094,6 +1094,11 @@ def _make_manager(config: TargetConfig) -> str:
         manager_call = attrs.evolve(
             manager_call, items=(*manager_call.items, Item(value_node(config.dcp_world_size), "dcp_world_size="))
         )
+    if config.enable_mamba_shared_prefix_checkpoint:
+        manager_call = attrs.evolve(
+            manager_call,
+            items=(*manager_call.items, Item(value_node(True), "enable_mamba_shared_prefix_checkpoint=")),
+        )
     manager_call = exploded(manager_call)
     lines = [
         "def make_manager() -> KVCacheManager:",

@@ -1198,18 +1198,24 @@ def plant_state_hit_in_the_step_that_caches_it(manager: kvcore.KVCacheManager) -
     forget_states_cached_this_step(aligned_mamba_managers(manager), "cached_this_step")
 
 
-def keep_checkpoints_at_the_plain_boundary(group_managers: Iterable[Any], drops_checkpoint_block: str) -> None:
-    """The group managers' flag named ``drops_checkpoint_block`` (an EAGLE drafter moves the Mamba
-    group's reusable states and checkpoints a hit boundary lower) is cleared."""
+def clear_manager_flag(group_managers: Iterable[Any], flag: str) -> None:
+    """The group managers' boolean attribute named ``flag``, which their coordinator or manager sets
+    from the configuration, is cleared: the group acts as if the feature were off."""
     for group_manager in group_managers:
-        setattr(group_manager, drops_checkpoint_block, False)
+        setattr(group_manager, flag, False)
 
 
 def plant_checkpoint_ignores_the_eagle_drop(manager: kvcore.KVCacheManager) -> None:
     # The bug: the coordinator does not tell the Mamba groups that an EAGLE drafter drops the attention
     # groups' last hit block, so checkpoints stay at the boundary short of the last token, a block above
     # where the attention groups' hits land.
-    keep_checkpoints_at_the_plain_boundary(aligned_mamba_managers(manager), "drops_checkpoint_block")
+    clear_manager_flag(aligned_mamba_managers(manager), "drops_checkpoint_block")
+
+
+def plant_shared_prefix_state_left_uncached(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the configuration's shared-prefix checkpoint flag, narrowed by the manager, never reaches
+    # the Mamba groups: the scheduler ends a chunk on the junction for a state no group caches.
+    clear_manager_flag(aligned_mamba_managers(manager), "shared_prefix_checkpoint")
 
 
 def plant_retention_caches_every_state(manager: kvcore.KVCacheManager) -> None:

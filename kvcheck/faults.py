@@ -326,6 +326,13 @@ FAULTS: dict[str, Fault] = {
             plants.plant_eagle_drops_a_block_inside_sub_block_hits,
         ),
         Fault(
+            "shared-prefix-state-left-uncached",
+            "with shared-prefix checkpoints in force the Mamba groups never learn of them: the scheduler ends a "
+            "prefill chunk at the end of a prefix a lookup found shared, and no state is cached there for the "
+            "sibling requests that would resume from it",
+            plants.plant_shared_prefix_state_left_uncached,
+        ),
+        Fault(
             "state-hit-in-the-step-that-caches-it",
             "an align-mode Mamba group forgets which states it cached in the current scheduler step: a request "
             "scheduled in the same step hits a state whose forward pass has not run yet, and reads garbage",

@@ -278,7 +278,8 @@ def split_at_mamba_states(
     block wider than the step's ``num_new_tokens``, which stands for the
     scheduler's token budget, advances inside the block).  It also stops at
     the last boundary the request can cache and at the block boundary below
-    the end of a prefix a lookup found shared (``shared_prefix_boundary``).
+    the end of a prefix a lookup found shared (``shared_prefix_boundary``; at
+    that end itself, within the prompt, with shared-prefix checkpoints).
     With sub-block hits it also stops at the prompt's last hash boundary
     past that block boundary, where the state a later request hits inside a
     block is cached.
@@ -306,11 +307,15 @@ def split_at_mamba_states(
     partial_tail = config.partial_hits and not internal
     tail = reusable_boundary(num_prompt_tokens, config.hash_size, lookahead, drop) if partial_tail else 0
     junction = shared_prefix_boundary
+    # With shared-prefix checkpoints the state at the junction itself is cached (within the prompt);
+    # otherwise only the block boundary below it holds a state.
+    exact_junction = config.shared_prefix_checkpoint and junction <= num_prompt_tokens
+    junction_stop = junction if exact_junction else start + (junction - start) // block_size * block_size
     stops = (
         (start // block_size + 1) * block_size if start % block_size and not internal else 0,
         last_cacheable,
         tail if last_cacheable < tail < num_prompt_tokens else 0,
-        start + (junction - start) // block_size * block_size if start < junction < end else 0,
+        junction_stop if start < junction < end else 0,
     )
     end = min((stop for stop in stops if start < stop < end), default=end)
     return attrs.evolve(amounts, num_new_tokens=max(end - start, 0))

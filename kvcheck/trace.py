@@ -193,6 +193,7 @@ class _Reader:
             "hash_block_size",
             "prefix_cache_retention_interval",
             "dcp_world_size",
+            "enable_mamba_shared_prefix_checkpoint",
         }
         self.keys(raw, required, optional, "config")
         eagle_group_ids = raw.get("eagle_group_ids", [])
@@ -252,6 +253,7 @@ class _Reader:
             raw.get("hash_block_size"),
             raw.get("prefix_cache_retention_interval"),
             raw.get("dcp_world_size", 1),
+            raw.get("enable_mamba_shared_prefix_checkpoint", False),
         )
         try:
             return config.validate()

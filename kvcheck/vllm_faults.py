@@ -15,12 +15,12 @@ from kvcheck.fault_plants import (
     borrow_method,
     cache_every_state,
     cacheable_counts_reprefillable_tokens,
+    clear_manager_flag,
     counted_as_allocated,
     every_computed_token_skipped,
     first_run_state,
     forget_states_cached_this_step,
     ignore_prefill_end,
-    keep_checkpoints_at_the_plain_boundary,
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
@@ -619,7 +619,11 @@ def _state_hit_in_the_step_that_caches_it(manager: Any) -> None:
 
 
 def _checkpoint_ignores_the_eagle_drop(manager: Any) -> None:
-    keep_checkpoints_at_the_plain_boundary(_align_mode_mamba_managers(manager), "drop_eagle_checkpoint_block")
+    clear_manager_flag(_align_mode_mamba_managers(manager), "drop_eagle_checkpoint_block")
+
+
+def _shared_prefix_state_left_uncached(manager: Any) -> None:
+    clear_manager_flag(_align_mode_mamba_managers(manager), "shared_prefix_checkpoint")
 
 
 def _eagle_drops_a_block_inside_sub_block_hits(manager: Any) -> None:
@@ -861,6 +865,11 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM FullAttentionManager.find_longest_cache_hit dropping block_size, not min(alignment_tokens, "
             "block_size), for an EAGLE drafter",
             _eagle_drops_a_block_inside_sub_block_hits,
+        ),
+        Fault(
+            "shared-prefix-state-left-uncached",
+            "vLLM MambaManager.shared_prefix_checkpoint left False though KVCacheManager turned the checkpoint on",
+            _shared_prefix_state_left_uncached,
         ),
         Fault(
             "state-hit-in-the-step-that-caches-it",

@@ -338,6 +338,7 @@ class KVCacheConfig:
     dcp_world_size: int = attrs.field(default=1, validator=_positive_int)
     dcp_replicated_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     kv_cache_dtypes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    enable_mamba_shared_prefix_checkpoint: bool = attrs.field(default=False, validator=_boolean)
 
     def __attrs_post_init__(self) -> None:
         self._check_group_ids("dcp_replicated_group_ids", self.dcp_replicated_group_ids)
@@ -614,6 +615,19 @@ class KVCacheConfig:
     def drop_group_ids(self) -> frozenset[int]:
         """The groups whose prefix hit drops its last block: the drafter's, when ``use_eagle``."""
         return self.drafter_group_ids if self.use_eagle else frozenset()
+
+    @property
+    def shared_prefix_checkpoint(self) -> bool:
+        """Whether align-mode Mamba groups also cache the state at the end of a prefix a lookup found
+        shared (``enable_mamba_shared_prefix_checkpoint``, in force as vLLM 0.33.0 narrows it: with a
+        drafter's groups, sub-block hits and no tokens a drafter prefills again), where the scheduler
+        then ends a prefill chunk, inside a block or not."""
+        return (
+            self.enable_mamba_shared_prefix_checkpoint
+            and bool(self.drafter_group_ids)
+            and self.partial_hits
+            and not self.num_reprefillable_tokens
+        )
 
     @property
     def num_reprefillable_tokens(self) -> int:

@@ -39,6 +39,7 @@ class KVCacheCoordinator:
             manager.hit_alignment = self.hit_alignment
             if isinstance(manager, AlignedMambaManager):
                 manager.drops_checkpoint_block = config.use_eagle
+                manager.shared_prefix_checkpoint = config.shared_prefix_checkpoint
             manager.retention_interval = config.prefix_cache_retention_interval
             manager.records_new_blocks = config.needs_zeroing and manager.zeroed
         if config.max_in_flight_tokens is not None:

@@ -158,6 +158,9 @@ class ManagerModel:
         """The keys align-mode Mamba groups entered in the current scheduler step: a request may not hit a
         state under one of them before the next step starts (its state is not computed yet)."""
         self.hits_deferred = 0
+        self.junction_states_cached = 0
+        """States an align-mode Mamba group entered at the end of a shared prefix (the shared-prefix
+        checkpoint)."""
         """Schedules refused because their Mamba hit was a state cached in the same step."""
         self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
         """The groups whose blocks taken from the pool the worker zeroes before the step."""
@@ -1071,6 +1074,14 @@ class ManagerModel:
         request = self.requests[rid]
         hash_size = self.hash_size
         boundary = self._reusable_boundary(request.num_prompt_tokens, hash_size)
+        if (
+            self.config.shared_prefix_checkpoint
+            and num_tokens == request.shared_prefix_boundary
+            and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens
+            and num_tokens % hash_size == 0
+        ):
+            # The end of a prefix a lookup found shared, where the step's chunk ends: cached the same way.
+            boundary = num_tokens
         table = self.table(rid, group_id)
         position = ceil_div(num_tokens, self.block_sizes[group_id]) - 1
         if num_tokens != boundary or boundary == 0 or position >= len(table) or table[position] == NULL:
@@ -1082,6 +1093,8 @@ class ManagerModel:
         if self.pool.add_key(block, key) and self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, boundary))
         self.cached_this_step.add(key)
+        if boundary == request.shared_prefix_boundary and self.config.shared_prefix_checkpoint:
+            self.junction_states_cached += 1
         if boundary % self.block_sizes[group_id]:
             self.copy_pending[(rid, group_id)] = (position, block)
             self.num_cached[(rid, group_id)] = position

@@ -71,6 +71,7 @@ STATE_HIT_BESIDE_DRAFTER = "prefix hit on a Mamba state beside an EAGLE drafter'
 CHECKPOINT_BESIDE_DRAFTER = "prefill checkpoint kept a hit boundary lower for an EAGLE drafter"
 STATE_HIT_DEFERRED = "hit on a Mamba state cached in the same step deferred to the next"
 HIT_INSIDE_BLOCK_BESIDE_DRAFTER = "hit ending inside a drafter group's block after a one-hash-block drop"
+SHARED_PREFIX_STATE_CACHED = "Mamba state cached at a shared prefix's end (shared-prefix checkpoint)"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -83,9 +84,11 @@ ALIGN_FEATURE_LABELS = (
     CHECKPOINT_BESIDE_DRAFTER,
     STATE_HIT_DEFERRED,
     HIT_INSIDE_BLOCK_BESIDE_DRAFTER,
+    SHARED_PREFIX_STATE_CACHED,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
-beside the group (and its one-hash-block drop with sub-block hits), steps of several requests."""
+beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
+requests."""
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -211,6 +214,7 @@ class BeforeStep:
     states_thinned: int
     checkpoints_held_back: int
     hits_deferred: int
+    junction_states_cached: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -239,6 +243,7 @@ class BeforeStep:
             model.states_thinned,
             model.checkpoints_held_back,
             model.hits_deferred,
+            model.junction_states_cached,
         )
 
 
@@ -424,6 +429,8 @@ def step_labels(
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
     if model.states_thinned > before.states_thinned:
         labels.append(STATE_THINNED_BY_RETENTION)
+    if model.junction_states_cached > before.junction_states_cached:
+        labels.append(SHARED_PREFIX_STATE_CACHED)
     if result.admitted is False and model.hits_deferred > before.hits_deferred:
         labels.append(STATE_HIT_DEFERRED)
     if result.block_copies:

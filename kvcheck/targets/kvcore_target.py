@@ -62,6 +62,7 @@ def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
         dcp_world_size=config.dcp_world_size,
         dcp_replicated_group_ids=config.dcp_replicated_group_ids,
         kv_cache_dtypes=tuple(group.kv_cache_dtype for group in config.groups),
+        enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
     )
 
 

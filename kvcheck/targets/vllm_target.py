@@ -199,12 +199,14 @@ def make_manager(
     hash_block_size: int | None = None,
     prefix_cache_retention_interval: int | None = None,
     dcp_world_size: int = 1,
+    enable_mamba_shared_prefix_checkpoint: bool = False,
 ) -> Any:
     """A vLLM ``KVCacheManager``: one KV-cache group per spec, one shared pool of ``num_blocks``; the
     groups in ``eagle_group_ids`` hold a drafter's layers.  ``block_size`` is every group's, or one per
     group, on one rank; the scheduler and hash block sizes default to the (one) block size.
     ``prefix_cache_retention_interval`` is the cache configuration's, as vLLM's engine copies it into
-    the KV cache configuration; ``dcp_world_size`` the decode context parallel world size."""
+    the KV cache configuration; ``dcp_world_size`` the decode context parallel world size;
+    ``enable_mamba_shared_prefix_checkpoint`` the cache configuration's flag, which the manager narrows."""
     v = require_vllm()
     block_sizes = [block_size] * len(groups) if isinstance(block_size, int) else list(block_size)
     kv_cache_groups = [
@@ -230,6 +232,7 @@ def make_manager(
         num_prefill_lookahead=num_prefill_lookahead,
         enable_kv_cache_events=enable_kv_cache_events,
         dcp_world_size=dcp_world_size,
+        enable_mamba_shared_prefix_checkpoint=enable_mamba_shared_prefix_checkpoint,
     )
 
 
@@ -251,6 +254,7 @@ def manager_for(config: TargetConfig) -> Any:
         hash_block_size=config.hash_size,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         dcp_world_size=config.dcp_world_size,
+        enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
     )
 
 

@@ -128,6 +128,9 @@ class AlignedMambaManager(MambaManager):
         self.drops_checkpoint_block = False
         """An EAGLE drafter serves the model (set by the coordinator): its prompt's reusable state and
         its prefill checkpoints sit one hit boundary lower, where the attention groups' hits land."""
+        self.shared_prefix_checkpoint = False
+        """The state at the end of a prefix a lookup found shared is cached too (set by the coordinator:
+        :attr:`kvcore.KVCacheConfig.shared_prefix_checkpoint`)."""
 
     @classmethod
     def find_longest_cache_hit(
@@ -419,9 +422,19 @@ class AlignedMambaManager(MambaManager):
 
     def _cache_prompt_state(self, request: Request, num_tokens: int, table: list[KVBlock]) -> BlockHashWithGroup | None:
         """Enter the state at the prompt's last hash boundary, when ``num_tokens`` is that boundary and its
-        block is not cached there yet (see :meth:`cache_blocks`).  The key, if entered now."""
+        block is not cached there yet (see :meth:`cache_blocks`); with :attr:`shared_prefix_checkpoint`,
+        likewise the state at the end of a prefix a lookup found shared (``shared_prefix_boundary``) when
+        the step's chunk ends there inside the prompt.  The key, if entered now."""
         hash_block_size = self.pool.hash_block_size or self.block_size
         boundary = self.reusable_boundary(request.num_prompt_tokens, hash_block_size, request.num_hash_lookahead_tokens)
+        junction = (
+            self.shared_prefix_checkpoint
+            and num_tokens == request.shared_prefix_boundary
+            and request.num_computed_tokens < num_tokens <= request.num_prompt_tokens
+            and num_tokens % hash_block_size == 0
+        )
+        if junction:
+            boundary = num_tokens
         position = ceil_div(num_tokens, self.block_size) - 1
         if num_tokens != boundary or boundary == 0 or position >= len(table):
             return None

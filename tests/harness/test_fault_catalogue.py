@@ -3,6 +3,7 @@ and keeps every invariant on plain kvcore."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from kvcheck.config import GroupSpec, TargetConfig
@@ -44,6 +45,11 @@ CHECKPOINTS_INSIDE_BLOCKS = TargetConfig(
 )
 
 MIXED_DTYPES = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4, kv_cache_dtype="fp8")), True)
+
+# Full attention holding a drafter beside align-mode Mamba states, 4-token blocks hashed every 2 tokens.
+DRAFTER_WITH_SUB_BLOCK_HITS = TargetConfig(
+    32, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True, use_eagle=True, eagle_group_ids=(0,), hash_block_size=2
+)
 
 SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Freed with caching off, r0's block 1 must go back to the head, before the
@@ -448,15 +454,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # 4-token blocks hashed every 2 tokens: a request sharing a 12-token prompt hits 10 beside a drafter
     # (full attention drops one hash block, onto the state after 10); dropping a block, it hits 8.
     "eagle-drops-a-block-inside-sub-block-hits": (
-        TargetConfig(
-            32,
-            4,
-            (GroupSpec("full"), GroupSpec("mamba_align")),
-            True,
-            use_eagle=True,
-            eagle_group_ids=(0,),
-            hash_block_size=2,
-        ),
+        DRAFTER_WITH_SUB_BLOCK_HITS,
         [
             AddRequest("a", tuple(range(12))),
             Schedule("a", 12),
@@ -467,6 +465,20 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
             Schedule("b", 14),
         ],
         "hit_is_sound_and_maximal",
+    ),
+    # Shared-prefix checkpoints beside a drafter with sub-block hits: b shares 10 of a's 16 tokens; full
+    # attention finds 8, less the drafter's hash block, so the junction is at 6 (Mamba hits nothing) and
+    # b's first chunk stops there and caches its state after 6; left uncached, an entry is missing.
+    "shared-prefix-state-left-uncached": (
+        attrs.evolve(DRAFTER_WITH_SUB_BLOCK_HITS, enable_mamba_shared_prefix_checkpoint=True),
+        [
+            AddRequest("a", tuple(range(16))),
+            *[Schedule("a", 16)] * 4,
+            Finish("a"),
+            AddRequest("b", (*range(10), *[90] * 6)),
+            Schedule("b", 16),
+        ],
+        "cache_matches_model",
     ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.

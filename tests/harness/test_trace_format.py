@@ -807,6 +807,11 @@ def test_drafter_and_async_fields_round_trip() -> None:
         ({"num_prefill_lookahead": 65}, "config.num_prefill_lookahead", "above the limit of 64"),
         ({"async_scheduling": 1}, "config.async_scheduling", "must be true or false"),
         ({"enable_kv_cache_events": "yes"}, "config.enable_kv_cache_events", "must be true or false, got 'yes'"),
+        (
+            {"enable_mamba_shared_prefix_checkpoint": 1},
+            "config.enable_mamba_shared_prefix_checkpoint",
+            "must be true or false, got 1",
+        ),
         ({"watermark": 1.5}, "config.watermark", "must be >= 0 and < 1, got 1.5"),
         ({"watermark": "high"}, "config.watermark", "must be a fraction of the pool"),
         ({"reserved_blocks": -1}, "config.reserved_blocks", "must be an integer >= 0, got -1"),

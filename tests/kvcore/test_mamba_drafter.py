@@ -91,3 +91,59 @@ def test_a_drafter_with_sub_block_hits_drops_one_hash_unit(use_eagle: bool, hit:
     copies, _ = manager.take_block_copies()
     assert [source for source, _ in copies] == ([full[2], state_copy[1]] if use_eagle else [])
     manager.check_invariants()
+
+
+@pytest.mark.parametrize(("enabled", "sibling_hit"), [(False, 0), (True, 6)])
+def test_a_shared_prefix_checkpoint_caches_the_state_at_the_junction(enabled: bool, sibling_hit: int) -> None:
+    """4-token blocks hashed every 2 tokens, a drafter in the full-attention group.  b shares 10 of a's 16
+    tokens: full attention finds 8, less the drafter's hash block, 6, where the Mamba group has no state
+    (a computed its first 12 tokens in one chunk), so b hits nothing and records the junction at 6.  Its
+    first chunk ends there (the scheduler's stop); with ``enable_mamba_shared_prefix_checkpoint`` the
+    state after 6 tokens, inside b's second state block, is cached, and c, sharing 8 tokens, resumes
+    from it."""
+    config = KVCacheConfig(
+        32,
+        [FullAttentionSpec(4), MambaSpec(4, cache_mode="align")],
+        use_eagle=True,
+        eagle_group_ids=(0,),
+        hash_block_size=2,
+        enable_mamba_shared_prefix_checkpoint=enabled,
+    )
+    assert config.shared_prefix_checkpoint == enabled
+    manager = KVCacheManager(config)
+    first = Request("a", list(range(16)), 2)
+    for chunk in (12, 2, 2):
+        schedule(manager, first, chunk)
+    manager.free_retained_blocks(manager.take_block_copies()[1])
+    manager.free(first)
+    second = Request("b", [*range(10), *[90] * 6], 2)
+    assert schedule(manager, second, 6) == 0
+    assert second.shared_prefix_boundary == 6
+    state = manager.get_block_ids("b")[1][1]
+    hit_blocks, hit_length = manager.get_computed_blocks(Request("c", [*range(8), *[70] * 6], 2))
+    assert hit_length == sibling_hit
+    if enabled:
+        assert hit_blocks[1][1].block_id == state
+    manager.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"use_eagle": False, "eagle_group_ids": ()},
+        {"hash_block_size": 4},
+        {"num_prefill_lookahead": 2},
+    ],
+)
+def test_a_shared_prefix_checkpoint_is_in_force_only_as_vllm_narrows_it(changes: dict[str, object]) -> None:
+    """The flag takes effect only with a drafter's groups, sub-block hits and no tokens a drafter prefills
+    again (vLLM 0.33.0's ``KVCacheManager.mamba_shared_prefix_checkpoint``)."""
+    settings: dict[str, object] = {
+        "use_eagle": True,
+        "eagle_group_ids": (0,),
+        "hash_block_size": 2,
+        "enable_mamba_shared_prefix_checkpoint": True,
+        **changes,
+    }
+    config = KVCacheConfig(32, [FullAttentionSpec(4), MambaSpec(4, cache_mode="align")], **settings)  # type: ignore[arg-type]
+    assert not config.shared_prefix_checkpoint

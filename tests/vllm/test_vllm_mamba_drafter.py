@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 
+import attrs
 import pytest
 
 vllm = pytest.importorskip(
@@ -23,6 +24,21 @@ from kvcheck.targets.vllm_target import manager_for  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
 CHECKPOINTED = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
+
+
+def drafter_with_sub_block_hits(**changes: object) -> TargetConfig:
+    """Full attention holding a drafter beside align-mode Mamba states, 4-token blocks hashed every 2
+    tokens, with ``changes``."""
+    config = TargetConfig(
+        32,
+        4,
+        (GroupSpec("full"), GroupSpec("mamba_align")),
+        True,
+        use_eagle=True,
+        eagle_group_ids=(0,),
+        hash_block_size=2,
+    )
+    return attrs.evolve(config, **changes)
 
 
 @pytest.mark.parametrize(("use_eagle", "hit"), [(False, 10), (True, 8)])
@@ -79,15 +95,7 @@ def test_a_drafter_with_sub_block_hits_drops_one_hash_unit(use_eagle: bool, hit:
     after 10 copied to a block the cache keeps), then a request sharing all 12 tokens.  Without a
     drafter it hits 12; with one, full attention drops one hash unit (not a block) and the hit ends
     inside both groups' third blocks, on the copied state: both are copied on write."""
-    config = TargetConfig(
-        32,
-        4,
-        (GroupSpec("full"), GroupSpec("mamba_align")),
-        True,
-        use_eagle=use_eagle,
-        eagle_group_ids=(0,) if use_eagle else (),
-        hash_block_size=2,
-    )
+    config = drafter_with_sub_block_hits(use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ())
     ops = [
         AddRequest("a", tuple(range(12))),
         Schedule("a", 12),
@@ -118,3 +126,44 @@ def test_a_drafter_in_the_mamba_group_prefilling_again_is_refused_with_sub_block
     named = TargetConfig(16, 2, groups, True, use_eagle=True, eagle_group_ids=(0,), num_prefill_lookahead=2)
     assert named.validate().partial_hits
     assert manager_for(named).coordinator.num_reprefillable_tokens == 1
+
+
+@pytest.mark.parametrize(("enabled", "junction_chunk", "sibling_hit"), [(False, 4, 4), (True, 6, 6)])
+def test_a_shared_prefix_checkpoint_ends_the_chunk_on_the_junction_and_caches_its_state(
+    enabled: bool, junction_chunk: int, sibling_hit: int
+) -> None:
+    """b shares 10 of a's 16 tokens; the drafter's drop puts the junction at 6, inside a block.  Without
+    shared-prefix checkpoints b's first chunk stops at the block boundary below it (4) and c, sharing 8
+    tokens, resumes from 4; with them it stops at 6, whose state is cached (and copied for the cache as b
+    writes on), and c resumes from 6, copying both blocks its hit ends inside."""
+    config = drafter_with_sub_block_hits(enable_mamba_shared_prefix_checkpoint=enabled)
+    ops = [
+        AddRequest("a", tuple(range(16))),
+        *[Schedule("a", 16)] * 4,
+        Finish("a"),
+        AddRequest("b", (*range(10), *[90] * 6)),
+        *[Schedule("b", 16)] * 3,
+        Finish("b"),
+        AddRequest("c", (*range(8), *[70] * 6)),
+        Schedule("c", 16),
+    ]
+    _, results = run_alike(config, ops)
+    assert results[7].hit_length == 0 and results[7].num_slots == junction_chunk
+    assert results[12].hit_length == sibling_hit
+    assert bool(results[12].block_copies) == enabled
+
+
+def test_shared_prefix_checkpoints_are_in_force_as_vllm_narrows_them() -> None:
+    """Over 300 drawn Mamba configurations with caching, those kvcheck draws with shared-prefix
+    checkpoints in force are exactly those whose vLLM manager turns them on (and its Mamba groups')."""
+    drawn = 0
+    for seed in range(300):
+        config = random_config(random.Random(seed), layout="mamba", caching=True)
+        manager = manager_for(attrs.evolve(config, enable_mamba_shared_prefix_checkpoint=True))
+        in_force = attrs.evolve(config, enable_mamba_shared_prefix_checkpoint=True).shared_prefix_checkpoint
+        assert manager.mamba_shared_prefix_checkpoint == in_force
+        drawn += config.shared_prefix_checkpoint
+        for group_manager in manager.coordinator.single_type_managers:
+            if group_manager.__class__.__name__ == "MambaManager":
+                assert group_manager.shared_prefix_checkpoint == in_force
+    assert 5 < drawn < 100
