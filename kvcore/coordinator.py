@@ -135,11 +135,6 @@ class KVCacheCoordinator:
             for manager in self.managers
         )
 
-    def _eagle_margin(self, spec: AttentionSpec) -> int:
-        """How far a dropping lookup looks past the candidate: the unit it drops, a hash block with
-        sub-block hits (every group's blocks are then a multiple of it), else one of its blocks."""
-        return min(self.config.hash_block_size, spec.block_size) if self.config.partial_hits else spec.block_size
-
     def num_cacheable_tokens(self, num_tokens: int, group_id: int) -> int:
         """How many of the first ``num_tokens`` computed tokens group ``group_id`` may cache: all but
         the ones a multi-module drafter may prefill again."""

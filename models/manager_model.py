@@ -158,10 +158,10 @@ class ManagerModel:
         """The keys align-mode Mamba groups entered in the current scheduler step: a request may not hit a
         state under one of them before the next step starts (its state is not computed yet)."""
         self.hits_deferred = 0
+        """Schedules refused because their Mamba hit was a state cached in the same step."""
         self.junction_states_cached = 0
         """States an align-mode Mamba group entered at the end of a shared prefix (the shared-prefix
         checkpoint)."""
-        """Schedules refused because their Mamba hit was a state cached in the same step."""
         self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
         """The groups whose blocks taken from the pool the worker zeroes before the step."""
         self.to_zero: dict[int, list[int]] = {}
@@ -1069,8 +1069,10 @@ class ManagerModel:
         """An align-mode Mamba group enters the state at the prompt's last hash boundary short of its
         last token (of the hash lookahead) when ``num_tokens`` is that boundary and the state's block is
         not cached there: again after it lost its key (evicted while held), or, with sub-block hits,
-        inside the block.  The request goes on writing that block: its next allocation copies it to a
-        block that takes its cache entry."""
+        inside the block.  With shared-prefix checkpoints in force, likewise the state at the end of a
+        prefix a lookup found shared, when ``num_tokens`` ends there inside the prompt and past the tokens
+        computed before the step.  The request goes on writing that block: its next allocation copies it
+        to a block that takes its cache entry."""
         request = self.requests[rid]
         hash_size = self.hash_size
         boundary = self._reusable_boundary(request.num_prompt_tokens, hash_size)
