@@ -21,24 +21,16 @@ from kvcheck.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.config_space import random_config  # noqa: E402
 from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvcheck.targets.vllm_target import manager_for  # noqa: E402
+from tests.harness.test_fault_catalogue import SEQUENCES  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
 CHECKPOINTED = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
 
 
-def drafter_with_sub_block_hits(**changes: object) -> TargetConfig:
-    """Full attention holding a drafter beside align-mode Mamba states, 4-token blocks hashed every 2
-    tokens, with ``changes``."""
-    config = TargetConfig(
-        32,
-        4,
-        (GroupSpec("full"), GroupSpec("mamba_align")),
-        True,
-        use_eagle=True,
-        eagle_group_ids=(0,),
-        hash_block_size=2,
-    )
-    return attrs.evolve(config, **changes)
+# The catalogue's steps of the drafter with sub-block hits: a request sharing a 12-token prompt, and one
+# sharing 10 of 16 tokens under shared-prefix checkpoints.
+DROP_CONFIG, DROP_OPS, _ = SEQUENCES["eagle-drops-a-block-inside-sub-block-hits"]
+JUNCTION_CONFIG, JUNCTION_OPS, _ = SEQUENCES["shared-prefix-state-left-uncached"]
 
 
 @pytest.mark.parametrize(("use_eagle", "hit"), [(False, 10), (True, 8)])
@@ -95,16 +87,8 @@ def test_a_drafter_with_sub_block_hits_drops_one_hash_unit(use_eagle: bool, hit:
     after 10 copied to a block the cache keeps), then a request sharing all 12 tokens.  Without a
     drafter it hits 12; with one, full attention drops one hash unit (not a block) and the hit ends
     inside both groups' third blocks, on the copied state: both are copied on write."""
-    config = drafter_with_sub_block_hits(use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ())
-    ops = [
-        AddRequest("a", tuple(range(12))),
-        Schedule("a", 12),
-        Schedule("a", 12),
-        Schedule("a", 12),
-        Finish("a"),
-        AddRequest("b", (*range(12), 50, 51)),
-        Schedule("b", 14),
-    ]
+    config = attrs.evolve(DROP_CONFIG, use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ())
+    ops = DROP_OPS
     _, results = run_alike(config, ops)
     assert [results[step].num_slots for step in (1, 2, 3)] == [8, 10, 12]
     assert results[3].block_copies == ((5, 6),)
@@ -136,13 +120,10 @@ def test_a_shared_prefix_checkpoint_ends_the_chunk_on_the_junction_and_caches_it
     shared-prefix checkpoints b's first chunk stops at the block boundary below it (4) and c, sharing 8
     tokens, resumes from 4; with them it stops at 6, whose state is cached (and copied for the cache as b
     writes on), and c resumes from 6, copying both blocks its hit ends inside."""
-    config = drafter_with_sub_block_hits(enable_mamba_shared_prefix_checkpoint=enabled)
+    config = attrs.evolve(JUNCTION_CONFIG, enable_mamba_shared_prefix_checkpoint=enabled)
     ops = [
-        AddRequest("a", tuple(range(16))),
-        *[Schedule("a", 16)] * 4,
-        Finish("a"),
-        AddRequest("b", (*range(10), *[90] * 6)),
-        *[Schedule("b", 16)] * 3,
+        *JUNCTION_OPS,
+        *[Schedule("b", 16)] * 2,
         Finish("b"),
         AddRequest("c", (*range(8), *[70] * 6)),
         Schedule("c", 16),
