@@ -406,9 +406,12 @@ class TargetConfig:
     def partial_hits(self) -> bool:
         """Whether hits may end inside a block (vLLM 0.33.0's fine-grained hits): with prefix caching,
         several groups, a ``mamba_align`` group whose blocks are larger than the hashes, and every other
-        group in the prefix cache either hashed at its block size or full attention (``full``, ``mla``)
-        or ``mamba_align``.  A hit is then a multiple of the hash size, and a group whose hit ends inside
-        a block copies that block to one of the request's own (copy on write)."""
+        group in the prefix cache either hashed at its block size or full attention (``full``, ``mla``,
+        ``rswa``) or ``mamba_align``.  A hit is then a multiple of the hash size, and a group whose hit
+        ends inside a block copies that block to one of the request's own (copy on write).  Beside a
+        sliding-window or chunked-local group hashed finer than its blocks vLLM 0.33.0 turns them off:
+        hits stay on the scheduler block size, though align-mode Mamba groups (and full attention with
+        blocks larger than the hashes) still key the prompt's last hash boundary inside a block."""
         if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
             return False
         if not any(
@@ -420,12 +423,12 @@ class TargetConfig:
 
     def _groups_without_sub_block_lookup(self) -> list[int]:
         """Groups in the prefix cache hashed finer than their blocks whose lookups cannot end inside a
-        block (sliding window, chunked local, and R-SWA: not modelled)."""
+        block (sliding window, chunked local): beside one, vLLM 0.33.0 turns sub-block hits off."""
         return [
             index
             for index, group in enumerate(self.groups)
             if group.kind not in UNCACHED_KINDS
-            and group.kind not in ("full", "mla", "mamba_align")
+            and group.kind not in (*FULL_HIT_KINDS, "mamba_align")
             and self.group_block_size(index) != self.hash_size
         ]
 
@@ -616,15 +619,6 @@ class TargetConfig:
         for index, group in enumerate(self.groups):
             if group.kind != "mamba_align":
                 continue
-            size = self.group_block_size(index)
-            if self.hash_size < size and not self.partial_hits:
-                blocking = self._groups_without_sub_block_lookup()
-                raise ConfigError(
-                    "hash_block_size",
-                    f"{self.hash_size} is below groups[{index}] mamba_align's block_size {size}, beside groups "
-                    f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): "
-                    "sub-block state hits there are not modelled",
-                )
             if self.dcp_world_size > 1:
                 raise ConfigError(
                     "dcp_world_size",
@@ -719,11 +713,12 @@ class TargetConfig:
                     f"{hashing} does not divide groups[{index}]'s block_size {size}: every group in the prefix cache "
                     "must hash at a divisor of its block size (vLLM 0.33.0 asserts on it)",
                 )
-            if group.kind == "chunked_local" and len(self.groups) > 1 and size != self.scheduler_block_size:
+            if group.kind == "chunked_local" and len(self.groups) > 1 and size != self.hit_alignment:
                 raise ConfigError(
                     f"groups[{index}].block_size",
-                    f"{size} is not the scheduler block size {self.scheduler_block_size}: chunked-local hits align "
-                    "to its own blocks (vLLM 0.33.0 asserts at the first lookup)",
+                    f"{size} is not the hits' alignment {self.hit_alignment} (the scheduler block size, or the "
+                    "hash size with sub-block hits): chunked-local hits align to its own blocks (vLLM 0.33.0 "
+                    "asserts at the first lookup)",
                 )
             if group.kind == "ring" and size != hashing:
                 raise ConfigError(

@@ -309,12 +309,11 @@ class KVCacheConfig:
     no prefix cache, so they need caching off; with caching on, a hybrid
     cache needs a group that is not a ring buffer.  A hash block size below
     an ``align``-mode Mamba group's blocks turns on sub-block hits
-    (:attr:`partial_hits`).  Beside an ``align``-mode Mamba group kvcore does
-    not implement (and refuses by field, saying so) a sliding-window,
-    chunked-local or R-SWA group hashed finer than its blocks, decode
-    context parallelism with prefix caching, a retention interval, or an
-    EAGLE drafter (whose drop vLLM's hybrid lookup gives a Mamba group no
-    margin for).
+    (:attr:`partial_hits`), unless a sliding-window or chunked-local group
+    is hashed finer than its own blocks (vLLM 0.33.0 then keeps hits on the
+    scheduler block size).  Beside an ``align``-mode Mamba group kvcore does
+    not implement (and refuses by field, saying so) decode context
+    parallelism with prefix caching.
 
     ``kv_cache_dtypes`` names each group's KV cache dtype (empty: one dtype
     for every group).  With a Mamba group, or attention groups of different
@@ -449,42 +448,39 @@ class KVCacheConfig:
                     "tokens a drafter prefills again, vLLM 0.33.0 enters the prompt's state inside a block a step "
                     "late, after the forward that ran past it (a stale state), which kvcore does not reproduce",
                 )
-            if spec.block_size > self.hash_block_size and not self.partial_hits:
-                blocking = self._groups_without_fine_grained_lookup()
-                raise InvalidConfig(
-                    "hash_block_size",
-                    self.hash_block_size,
-                    f"groups[{index}] is Mamba in the align mode with {spec.block_size}-token blocks beside groups "
-                    f"{blocking} hashed finer than their blocks (sliding window, chunked local or R-SWA): kvcore "
-                    "does not implement sub-block state hits there (use a hash_block_size equal to their blocks)",
-                )
 
     @property
     def partial_hits(self) -> bool:
         """Whether hits may end inside a block (vLLM 0.33.0's fine-grained, or partial hash, hits): with
         prefix caching, several groups, an align-mode Mamba group whose blocks are larger than the hash
         block size, and every other group in the prefix cache able to look up inside its blocks (full
-        attention, plain or MLA, and align-mode Mamba) or hashed at its own block size.  A hit is then a
+        attention, plain, MLA or R-SWA, and align-mode Mamba) or hashed at its own block size.  A hit is then a
         multiple of the hash block size; a group whose hit ends inside a block copies that shared block
         to a block of its own before writing (copy on write)."""
+        return self.states_finer_than_hashes and not self._groups_without_fine_grained_lookup()
+
+    @property
+    def states_finer_than_hashes(self) -> bool:
+        """Whether, with prefix caching, several groups and one rank, an align-mode Mamba group's blocks
+        are larger than the hash block size: sub-block hits are on if every other group can take them
+        (:attr:`partial_hits`)."""
         if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
             return False
-        if not any(
+        return any(
             isinstance(spec, MambaSpec) and spec.aligned and spec.block_size > self.hash_block_size
             for spec in self.groups
-        ):
-            return False
-        return not self._groups_without_fine_grained_lookup()
+        )
 
     def _groups_without_fine_grained_lookup(self) -> list[int]:
         """The groups in the prefix cache, hashed at a finer size than their blocks, whose lookups cannot
-        stop inside a block (vLLM's ``supports_fine_grained_hash_lookup``; kvcore's R-SWA neither)."""
+        stop inside a block (vLLM's ``supports_fine_grained_hash_lookup``: sliding window and chunked local).
+        Beside one, vLLM 0.33.0 turns sub-block hits off (hits stay on the scheduler block size)."""
         return [
             index
             for index, spec in enumerate(self.manager_specs)
             if is_prefix_cacheable(spec)
             and spec.block_size != self.hash_block_size
-            and not isinstance(spec, FullAttentionSpec | MLAAttentionSpec)
+            and not isinstance(spec, FullAttentionSpec | MLAAttentionSpec | RSWASpec)
             and not (isinstance(spec, MambaSpec) and spec.aligned)
         ]
 
@@ -544,12 +540,14 @@ class KVCacheConfig:
                     f"must divide the block_size of every group in the prefix cache; groups[{index}] has "
                     f"{spec.block_size}",
                 )
-            if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != scheduler:
+            alignment = hashing if self.partial_hits else scheduler
+            if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != alignment:
                 raise InvalidConfig(
                     f"groups[{index}].block_size",
                     spec.block_size,
-                    f"chunked local attention in a hybrid prefix cache needs the scheduler_block_size "
-                    f"(={scheduler}) (vLLM 0.33.0 asserts at its first lookup)",
+                    f"chunked local attention in a hybrid prefix cache needs blocks of the hits' alignment "
+                    f"(={alignment}: the scheduler_block_size, or the hash_block_size with sub-block hits) "
+                    "(vLLM 0.33.0 asserts at its first lookup)",
                 )
 
     def _check_retention_interval(self) -> None:

@@ -172,11 +172,11 @@ def free_queue_well_formed(check: StepCheck) -> None:
 def has_partial_keys(config: TargetConfig, group_id: int) -> bool:
     """Whether group ``group_id`` may cache a block under a hash boundary inside it (a partial key): a
     full-attention group with blocks larger than the hashes (the prompt's last boundary), and an
-    align-mode Mamba group with sub-block hits (the state there)."""
-    kind = config.groups[group_id].kind
+    align-mode Mamba group with blocks larger than the hashes (the state there; with sub-block hits off
+    beside a window hashed finer, vLLM 0.33.0 still keys the prompt's last hash boundary)."""
     if config.group_block_size(group_id) == config.hash_size:
         return False
-    return kind in FULL_HIT_KINDS or (kind == "mamba_align" and config.partial_hits)
+    return config.groups[group_id].kind in (*FULL_HIT_KINDS, "mamba_align")
 
 
 def cache_map_consistent(check: StepCheck) -> None:

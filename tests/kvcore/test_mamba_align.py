@@ -16,7 +16,6 @@ from kvcore import (
     KVCacheManager,
     MambaSpec,
     Request,
-    SlidingWindowSpec,
 )
 
 BLOCK_SIZE = 2
@@ -200,7 +199,6 @@ def test_speculative_blocks_count_on_a_requests_first_allocation_only() -> None:
     ("config", "field"),
     [
         (lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], dcp_world_size=2), "dcp_world_size"),
-        (lambda: KVCacheConfig(8, [SlidingWindowSpec(2, 3), ALIGNED], hash_block_size=1), "hash_block_size"),
         (
             lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], prefix_cache_retention_interval=3),
             "prefix_cache_retention_interval",

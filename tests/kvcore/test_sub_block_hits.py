@@ -12,11 +12,11 @@ import pytest
 from kvcore import (
     FullAttentionSpec,
     InvalidArgument,
-    InvalidConfig,
     KVCacheConfig,
     KVCacheManager,
     MambaSpec,
     Request,
+    RSWASpec,
     SlidingWindowSpec,
 )
 
@@ -109,11 +109,26 @@ def test_copy_endpoints_are_released_once_and_only_once() -> None:
     manager.check_invariants()
 
 
-def test_sub_block_hits_need_every_group_in_the_prefix_cache_to_look_inside_its_blocks() -> None:
-    """Beside a sliding window hashed finer than its blocks, kvcore refuses by field, saying it does not
-    implement it; beside one hashed at its block size, hits end inside state blocks."""
-    with pytest.raises(InvalidConfig) as caught:
-        KVCacheConfig(16, [SlidingWindowSpec(4, 3), WIDE_STATES], hash_block_size=2)
-    assert caught.value.field == "hash_block_size" and "does not implement" in str(caught.value)
+def test_a_window_hashed_finer_than_its_blocks_turns_sub_block_hits_off_and_r_swa_takes_them() -> None:
+    """Beside a sliding window in 4-token blocks hashed every 2 tokens, sub-block hits are off (vLLM
+    0.33.0's sliding window cannot stop a lookup inside a block): a 7-token prompt computed in chunks of
+    4, 2 and 1 caches no state at its last hash boundary, 6, and a second request sharing 6 tokens hits
+    4.  Beside R-SWA in the same blocks they are on (its lookup is full attention's): the state at 6 is
+    cached (copied out of the block its request goes on writing), and the second request hits 6, copying
+    both groups' blocks there on write.  Beside a sliding window hashed at its block size they are on."""
+    hits = []
+    for window in (SlidingWindowSpec(4, 3), RSWASpec(4, 3)):
+        manager = KVCacheManager(KVCacheConfig(16, [window, WIDE_STATES], hash_block_size=2))
+        assert manager.config.states_finer_than_hashes
+        producer = Request("a", PROMPT, 2)
+        for num_new_tokens in (4, 2, 1):
+            schedule(manager, producer, num_new_tokens)
+        manager.take_block_copies()
+        consumer = Request("b", [*PROMPT[:6], 9, 9, 9], 2)
+        hit_blocks, hit_length = manager.get_computed_blocks(consumer)
+        assert manager.allocate_slots(consumer, 3, hit_length, hit_blocks) is not None
+        hits.append((manager.config.partial_hits, hit_length, manager.take_block_copies()[0]))
+    assert hits[0] == (False, 4, [])
+    assert hits[1][:2] == (True, 6) and len(hits[1][2]) == 2
     assert KVCacheConfig(16, [SlidingWindowSpec(2, 3), WIDE_STATES]).partial_hits
     assert not KVCacheConfig(16, [FullAttentionSpec(4), WIDE_STATES]).partial_hits

@@ -142,14 +142,13 @@ def _aligned_mamba_draw(seed: int) -> tuple[list[GroupSpec], int, dict[str, obje
     """An align-mode Mamba group beside 0 to 2 others, of drawn block sizes, with a drawn hash size,
     caching, EAGLE drafter, retention interval and DCP world size."""
     rng = random.Random(seed)
-    kinds = ["full", "mla", "sliding_window", "mamba_align"]
+    kinds = ["full", "mla", "sliding_window", "chunked_local", "rswa", "mamba_align"]
     groups = [GroupSpec("mamba_align", block_size=rng.choice([2, 4]))]
     for _ in range(rng.randint(0, 2)):
         kind = rng.choice(kinds)
         size = rng.choice([1, 2, 4])
-        groups.insert(
-            rng.randint(0, len(groups)), GroupSpec(kind, 3 if kind == "sliding_window" else None, block_size=size)
-        )
+        window = {"sliding_window": 3, "rswa": 3, "chunked_local": 2 * size}.get(kind)
+        groups.insert(rng.randint(0, len(groups)), GroupSpec(kind, window, block_size=size))
     sizes = [group.block_size for group in groups]
     hashing = rng.choice([math.gcd(*sizes), min(sizes), 1])  # type: ignore[type-var]
     keywords: dict[str, object] = {
@@ -174,10 +173,10 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
     """Over 400 drawn configurations with an align-mode Mamba group: every one vLLM 0.33.0 refuses,
     kvcore refuses too; every one kvcore accepts, vLLM runs with fine-grained (sub-block) hits exactly
     when kvcore's ``partial_hits`` says so; every one kvcore refuses that vLLM runs, kvcore refuses
-    saying it does not implement it (sub-block hits beside a window, sparse retention, an EAGLE
-    drafter); and the drawn set holds accepted configurations of both hit kinds and both kinds of
-    refusal."""
-    wrong, accepted, not_implemented, sub_block = [], 0, 0, 0
+    saying it does not implement it (decode context parallelism with prefix caching); and the drawn
+    set holds accepted configurations of both hit kinds, some with sub-block hits turned off by a
+    window hashed finer than its blocks, some with them taken by R-SWA, and both kinds of refusal."""
+    wrong, accepted, not_implemented, sub_block, turned_off, rswa = [], 0, 0, 0, 0, 0
     for seed in range(400):
         groups, hashing, keywords = _aligned_mamba_draw(seed)
         keywords.update(scheduler_block_size=_scheduler_block_size(groups, keywords), hash_block_size=hashing)
@@ -188,8 +187,11 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
             wrong.append(f"seed {seed}: vLLM refuses ({vllm_says}), kvcore accepts")
         if manager is not None and kvcore_says is None:
             vllm_sub_block = manager.coordinator.enable_partial_hash_hits
-            kvcore_sub_block = kvcore_config(groups, **keywords).partial_hits
+            built = kvcore_config(groups, **keywords)
+            kvcore_sub_block = built.partial_hits
             sub_block += kvcore_sub_block
+            turned_off += built.states_finer_than_hashes and not kvcore_sub_block
+            rswa += kvcore_sub_block and any(g.kind == "rswa" and g.block_size != hashing for g in groups)
             if vllm_sub_block != kvcore_sub_block:
                 wrong.append(f"seed {seed}: sub-block hits {vllm_sub_block} on vLLM, {kvcore_sub_block} on kvcore")
         if vllm_says is None and kvcore_says is not None:
@@ -197,7 +199,8 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
             if NOT_IMPLEMENTED not in kvcore_says.describe():
                 wrong.append(f"seed {seed}: vLLM runs it, kvcore refuses not saying it is unimplemented: {kvcore_says}")
     assert not wrong, "\n".join(wrong)
-    assert accepted >= 50 and not_implemented >= 50 and 20 <= sub_block <= accepted - 20
+    assert accepted >= 50 and not_implemented >= 20 and 20 <= sub_block <= accepted - 20
+    assert turned_off >= 10 and rswa >= 5, (turned_off, rswa)
 
 
 def test_a_state_cached_inside_a_block_is_copied_for_the_cache_and_a_later_hit_copies_it_on_write() -> None:
