@@ -15,10 +15,16 @@ compressed-attention model); or, with prefix caching off, full attention
 and Mamba layers (Jamba, Nemotron-H, Granite 4, Qwen3-Next; without prefix
 caching some reserve blocks for draft states, with it the Mamba groups run
 vLLM's align mode, where states sit on block boundaries and are cached), or
-decoder self-attention and cross-attention (Whisper, with its fixed encoder
-length).  One single-group draw in eight is a pure Mamba model, and one in eight of the
-others an R-SWA group alone.  The other
-configurations mix every kind but cross-attention and Mamba freely.  Some pools split evenly among the
+(a quarter of those) Mamba beside local attention (Samba: Mamba and a
+sliding window; Phi-4-mini-flash: full attention too), the local layers a
+sliding window, chunked-local or R-SWA group, some in blocks twice as large
+as the hashes (beside align-mode Mamba in larger blocks, a sliding window or
+chunked-local group so hashed turns sub-block hits off, as vLLM does; R-SWA
+takes them, as full attention does); or decoder self-attention and
+cross-attention (Whisper, with its fixed encoder length).  One single-group
+draw in eight is a pure Mamba model, and one in eight of the others an R-SWA
+group alone.  The other configurations mix every kind but cross-attention
+and Mamba freely.  Some pools split evenly among the
 groups, so that a request taking an equal share in every group leaves no
 block free: a full pool, where freed cached blocks are all there is to
 allocate from.  Half the configurations with caching on serve an EAGLE
@@ -107,8 +113,9 @@ def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
 
 
 SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", "encoder_decoder")
-"""Layouts shaped like shipped models (see the module's docstring)."""
-LAYOUTS = ("mixed", *SHIPPED_LAYOUTS)
+"""Layouts shaped like shipped models (see the module's docstring); a quarter of the multi-group
+``mamba`` draws are ``samba`` instead."""
+LAYOUTS = ("mixed", *SHIPPED_LAYOUTS, "samba")
 """Every layout :func:`random_config` draws: ``mixed`` mixes the kinds freely."""
 CACHING_OFF_LAYOUTS = ("encoder_decoder",)
 
@@ -144,17 +151,43 @@ def _layout_groups(
         if count == 1:
             return (_mamba_group(rng),), None
         return (GroupSpec("full"), *(_mamba_group(rng),) * (count - 1)), None
+    if layout == "samba":
+        # Samba's Mamba and sliding-window layers; with three groups or more, full attention first too
+        # (Phi-4-mini-flash).
+        window = _window_beside_states(rng, block_size)
+        if count == 2:
+            return (window, _mamba_group(rng)), None
+        return (GroupSpec("full"), window, *(_mamba_group(rng),) * (count - 2)), None
     if layout == "encoder_decoder":
         # Whisper: decoder self-attention and cross-attention, without prefix caching.
         return (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention")), None
     return tuple(_any_group(rng, block_size) for _ in range(count)), None
 
 
+def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
+    """Local attention beside Mamba states: a sliding window or a chunked-local group, in blocks of the
+    cache's block size or twice that, or R-SWA in blocks twice that.  Where the hashes are the cache's
+    block size, a group in blocks twice that is hashed finer than its blocks: with align-mode Mamba
+    states in larger blocks than the hashes, a sliding window or chunked-local group so hashed turns
+    sub-block hits off (vLLM 0.33.0), while R-SWA looks up inside its blocks as full attention does."""
+    kind = rng.choice(["sliding_window", "chunked_local", "rswa"])
+    wide = rng.random() < 1 / 2 or kind == "rswa"
+    size = (2 if wide else 1) * block_size
+    if kind == "rswa":
+        window = _rswa_group(rng, size)
+    elif kind == "sliding_window":
+        window = GroupSpec(kind, rng.randint(2, 4 * size))
+    else:
+        window = GroupSpec(kind, size * rng.randint(1, 4))
+    return attrs.evolve(window, block_size=size if wide else None)
+
+
 def _draw_layout(rng: random.Random, count: int) -> str:
     """Half the multi-group draws are shaped like shipped models; one single-group draw in eight is a
     pure Mamba model, and one in eight of the others an R-SWA group alone."""
     if count > 1 and rng.random() < 0.5:
-        return rng.choices(SHIPPED_LAYOUTS, weights=(4, 4, 2, 2, 2, 3, 2))[0]
+        layout = rng.choices(SHIPPED_LAYOUTS, weights=(4, 4, 2, 2, 2, 3, 2))[0]
+        return "samba" if layout == "mamba" and rng.random() < 1 / 4 else layout
     if count == 1 and rng.random() < 1 / 8:
         return "mamba"  # a pure Mamba model, in the align mode when caching is on
     if count == 1 and rng.random() < 1 / 8:
@@ -200,6 +233,8 @@ def random_config(
     count = num_groups or rng.randint(1, 4)
     if layout is None:
         layout = _draw_layout(rng, count)
+    if layout == "samba":
+        count = max(count, 2)  # Mamba beside local attention: two groups at least
     if (count == 1 and layout not in ("mixed", "mamba", "rswa")) or (caching and layout in CACHING_OFF_LAYOUTS):
         layout = "mixed"
     groups, drafter_group = _layout_groups(rng, layout, count, block_size)
@@ -212,7 +247,7 @@ def random_config(
     if layout == "deepseek" and caching is None:
         # Served with prefix caching and its MTP drafter, which drops a block from the drafter group's hits.
         enable_caching = True
-    if layout == "mamba" and enable_caching:
+    if layout in ("mamba", "samba") and enable_caching:
         # Prefix caching of Mamba states: vLLM's align mode, with the same speculative blocks.
         groups = tuple(attrs.evolve(group, kind="mamba_align") if group.kind == "mamba" else group for group in groups)
     if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):

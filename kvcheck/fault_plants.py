@@ -946,18 +946,64 @@ def whole_block_drop(manager_class: type, drop: str, alignment: str) -> type:
     return subclass
 
 
+def block_granular_lookup(manager_class: type, alignment: str) -> type:
+    """A subclass of the full-attention ``manager_class`` (kvcore's or vLLM's R-SWA manager) whose lookup,
+    given sub-block hits (keyword ``alignment`` below its block size), probes whole blocks only, as a
+    sliding window's lookup does: its hits end on its own block boundaries."""
+
+    def find_longest_cache_hit(cls: type, *args: Any, **kwargs: Any) -> tuple[Any, int]:
+        spec = args[4] if len(args) > 4 else kwargs["kv_cache_spec"]
+        if (kwargs.get(alignment) or spec.block_size) < spec.block_size:
+            # The bug: the lookup takes the block-granular path of a window that cannot stop inside a block.
+            kwargs[alignment] = spec.block_size
+        return super(subclass, cls).find_longest_cache_hit(*args, **kwargs)  # type: ignore[misc,no-any-return]
+
+    subclass = type(
+        f"BlockGranular{manager_class.__name__}",
+        (manager_class,),
+        {"find_longest_cache_hit": classmethod(find_longest_cache_hit)},
+    )
+    return subclass
+
+
+def swap_lookup_class(coordinator: Any, manager_class: type, make: Callable[[type], type]) -> None:
+    """kvcore's hybrid coordinator looks up its spec groups of exactly ``manager_class`` with
+    ``make(manager_class)`` instead (a single-group coordinator is left alone)."""
+    if isinstance(coordinator, HybridCoordinator):
+        coordinator.spec_groups = tuple(
+            attrs.evolve(spec_group, manager_class=make(spec_group.manager_class))
+            if spec_group.manager_class is manager_class
+            else spec_group
+            for spec_group in coordinator.spec_groups
+        )
+
+
 def plant_eagle_drops_a_block_inside_sub_block_hits(manager: kvcore.KVCacheManager) -> None:
     # The bug: with sub-block hits, full attention's lookup for an EAGLE drafter drops a whole block of
     # its hit, not one hash block: hits come out shorter than vLLM's, and a drafter recomputes a block
     # of tokens the cache holds.
-    coordinator = manager.coordinator
-    if isinstance(coordinator, HybridCoordinator):
-        coordinator.spec_groups = tuple(
-            attrs.evolve(spec_group, manager_class=whole_block_drop(spec_group.manager_class, "drop_last", "alignment"))
-            if spec_group.manager_class is FullAttentionManager
-            else spec_group
-            for spec_group in coordinator.spec_groups
-        )
+    swap_lookup_class(
+        manager.coordinator, FullAttentionManager, lambda cls: whole_block_drop(cls, "drop_last", "alignment")
+    )
+
+
+def plant_rswa_hits_stop_at_whole_blocks(manager: kvcore.KVCacheManager) -> None:
+    # The bug: R-SWA's lookup probes whole blocks only, as a sliding window's does, though the coordinator
+    # counts it among the groups that take sub-block hits: beside Mamba states cached inside its blocks,
+    # every hit ends on an R-SWA block boundary and the tokens up to the state are computed again.
+    swap_lookup_class(manager.coordinator, RSWAManager, lambda cls: block_granular_lookup(cls, "alignment"))
+
+
+def plant_sub_block_hits_beside_a_window_hashed_finer(manager: kvcore.KVCacheManager) -> None:
+    # The bug: the coordinator turns sub-block hits on whenever an align-mode Mamba group's blocks are
+    # larger than the hashes, never asking whether every group in the prefix cache can stop a lookup
+    # inside its blocks: a sliding-window or chunked-local group hashed finer is asked for hits on the
+    # hash size, which its block-granular lookup cannot give.
+    coordinator, config = manager.coordinator, manager.config
+    if config.states_finer_than_hashes and not config.partial_hits:
+        coordinator.hit_alignment = config.hash_block_size
+        for group_manager in coordinator.managers:
+            group_manager.hit_alignment = config.hash_block_size
 
 
 def padding_counted(count: int, num_positions: int) -> int:

@@ -333,6 +333,20 @@ FAULTS: dict[str, Fault] = {
             plants.plant_shared_prefix_state_left_uncached,
         ),
         Fault(
+            "rswa-hits-stop-at-whole-blocks",
+            "R-SWA's lookup probes whole blocks only, as a sliding window's does, though sub-block hits count "
+            "on it: beside Mamba states cached inside its blocks every hit ends on an R-SWA block boundary, and "
+            "the tokens up to the state are computed again",
+            plants.plant_rswa_hits_stop_at_whole_blocks,
+        ),
+        Fault(
+            "sub-block-hits-beside-a-window-hashed-finer",
+            "sub-block hits are turned on whenever Mamba states are in blocks larger than the hashes, never "
+            "asking whether a sliding-window or chunked-local group hashed finer than its blocks can stop a "
+            "lookup inside one: the window is asked for hits its lookup cannot give",
+            plants.plant_sub_block_hits_beside_a_window_hashed_finer,
+        ),
+        Fault(
             "state-hit-in-the-step-that-caches-it",
             "an align-mode Mamba group forgets which states it cached in the current scheduler step: a request "
             "scheduled in the same step hits a state whose forward pass has not run yet, and reads garbage",

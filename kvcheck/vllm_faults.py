@@ -12,6 +12,7 @@ from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
     after_hit_taken,
     allocate_without_checkpoint,
+    block_granular_lookup,
     borrow_method,
     cache_every_state,
     cacheable_counts_reprefillable_tokens,
@@ -626,17 +627,45 @@ def _shared_prefix_state_left_uncached(manager: Any) -> None:
     clear_manager_flag(_align_mode_mamba_managers(manager), "shared_prefix_checkpoint")
 
 
+def _swap_lookup_class(coordinator: Any, manager_class: type, make: Any) -> None:
+    """vLLM's hybrid coordinator looks up its spec groups of exactly ``manager_class`` with
+    ``make(manager_class)`` instead."""
+    if hasattr(coordinator, "attention_groups"):
+        coordinator.attention_groups = [
+            group._replace(manager_cls=make(group.manager_cls)) if group.manager_cls is manager_class else group
+            for group in coordinator.attention_groups
+        ]
+
+
 def _eagle_drops_a_block_inside_sub_block_hits(manager: Any) -> None:
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
+    _swap_lookup_class(
+        manager.coordinator,
+        FullAttentionManager,
+        lambda cls: whole_block_drop(cls, "drop_eagle_block", "alignment_tokens"),
+    )
+
+
+def _rswa_hits_stop_at_whole_blocks(manager: Any) -> None:
+    from vllm.v1.core.single_type_kv_cache_manager import RSWAManager
+
+    _swap_lookup_class(manager.coordinator, RSWAManager, lambda cls: block_granular_lookup(cls, "alignment_tokens"))
+
+
+def _sub_block_hits_beside_a_window_hashed_finer(manager: Any) -> None:
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
+
     coordinator = manager.coordinator
-    if hasattr(coordinator, "attention_groups"):
-        coordinator.attention_groups = [
-            group._replace(manager_cls=whole_block_drop(group.manager_cls, "drop_eagle_block", "alignment_tokens"))
-            if group.manager_cls is FullAttentionManager
-            else group
-            for group in coordinator.attention_groups
-        ]
+    if not hasattr(coordinator, "attention_groups") or coordinator.enable_partial_hash_hits:
+        return  # not the hybrid coordinator, or sub-block hits are on anyway
+    # As if the coordinator asked without its managers' classes (which can take sub-block lookups).
+    if partial_hash_hits_enabled(
+        coordinator.kv_cache_config.kv_cache_groups, coordinator.hash_block_size, coordinator.dcp_world_size
+    ):
+        coordinator.enable_partial_hash_hits = True
+        for group_manager in coordinator.single_type_managers:
+            group_manager.cache_hit_alignment_tokens = coordinator.hash_block_size
 
 
 def _retention_caches_every_state(manager: Any) -> None:
@@ -870,6 +899,16 @@ VLLM_FAULTS: dict[str, Fault] = {
             "shared-prefix-state-left-uncached",
             "vLLM MambaManager.shared_prefix_checkpoint left False though KVCacheManager turned the checkpoint on",
             _shared_prefix_state_left_uncached,
+        ),
+        Fault(
+            "rswa-hits-stop-at-whole-blocks",
+            "vLLM RSWAManager.find_longest_cache_hit called with alignment_tokens raised to its block size",
+            _rswa_hits_stop_at_whole_blocks,
+        ),
+        Fault(
+            "sub-block-hits-beside-a-window-hashed-finer",
+            "vLLM KVCacheCoordinator calling partial_hash_hits_enabled without its managers' classes",
+            _sub_block_hits_beside_a_window_hashed_finer,
         ),
         Fault(
             "state-hit-in-the-step-that-caches-it",

@@ -11,7 +11,7 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, MAMBA_KINDS, SLIDING_KINDS, TargetConfig
+from kvcheck.config import FULL_HIT_KINDS, MAMBA_KINDS, SLIDING_KINDS, WINDOW_KINDS, TargetConfig
 from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
@@ -72,6 +72,9 @@ CHECKPOINT_BESIDE_DRAFTER = "prefill checkpoint kept a hit boundary lower for an
 STATE_HIT_DEFERRED = "hit on a Mamba state cached in the same step deferred to the next"
 HIT_INSIDE_BLOCK_BESIDE_DRAFTER = "hit ending inside a drafter group's block after a one-hash-block drop"
 SHARED_PREFIX_STATE_CACHED = "Mamba state cached at a shared prefix's end (shared-prefix checkpoint)"
+STATE_HIT_BESIDE_WINDOW = "prefix hit on a Mamba state beside local attention"
+STATE_HIT_WITH_SUB_BLOCK_HITS_OFF = "prefix hit on a Mamba state with sub-block hits off beside a window hashed finer"
+RSWA_HIT_INSIDE_BLOCK = "hit ending inside an R-SWA block copied on write"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -89,6 +92,10 @@ ALIGN_FEATURE_LABELS = (
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
 beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
 requests."""
+
+SAMBA_LABELS = (STATE_HIT_BESIDE_WINDOW, STATE_HIT_WITH_SUB_BLOCK_HITS_OFF, RSWA_HIT_INSIDE_BLOCK)
+"""The labels of Mamba states beside local attention (the ``samba`` layout): sub-block hits off beside a
+sliding window or chunked-local group hashed finer than its blocks, and R-SWA's hits inside its blocks."""
 
 ALL_LABELS = (
     POOL_EXHAUSTED,
@@ -126,14 +133,16 @@ ALL_LABELS = (
     MIXED_PRECISION_ZEROED,
     ASYNC_LOAD_LEFT_UNZEROED,
     *ALIGN_FEATURE_LABELS,
+    *SAMBA_LABELS,
 )
 
 
-GROUP_LAYOUTS: tuple[int | str | None, ...] = (None, 2, 3, 4, "mamba")
+GROUP_LAYOUTS: tuple[int | str | None, ...] = (None, 2, 3, 4, "mamba", "samba")
 """Group counts the manager machine runs with when --groups is not given: drawn from 1 to 4
 per run, then 2, 3 and 4 fixed, so every hybrid width gets its own full example budget; then
 Mamba layouts alone (full attention beside Mamba groups, or Mamba alone), whose states, in both
-cache modes and in blocks larger than the hashes, get a budget of their own."""
+cache modes and in blocks larger than the hashes, get a budget of their own; then Mamba beside local
+attention (``samba``), a few of the others' draws."""
 
 MAMBA_LABELS = (
     MAMBA_STATE_FREED,
@@ -156,16 +165,37 @@ def _drop_ends_inside_a_block(model: ManagerModel, hit_length: int) -> bool:
     )
 
 
+def _window_beside_states_labels(model: ManagerModel, hit_length: int, copied: bool) -> list[str]:
+    """The labels of a hit of ``hit_length`` tokens beside align-mode Mamba groups and local attention:
+    any such hit; one with sub-block hits off where the states' blocks are larger than the hashes (a
+    sliding-window or chunked-local group hashed finer than its blocks); one ending inside an R-SWA
+    block, copied on write (``copied``)."""
+    windows = [g for g, group in enumerate(model.groups) if group.kind in WINDOW_KINDS]
+    if not hit_length or not windows:
+        return []
+    labels = [STATE_HIT_BESIDE_WINDOW]
+    finer_states = any(
+        group.kind == "mamba_align" and model.block_sizes[g] > model.hash_size for g, group in enumerate(model.groups)
+    )
+    if finer_states and not model.partial_hits:
+        labels.append(STATE_HIT_WITH_SUB_BLOCK_HITS_OFF)
+    if copied and any(model.groups[g].kind == "rswa" and hit_length % model.block_sizes[g] for g in windows):
+        labels.append(RSWA_HIT_INSIDE_BLOCK)
+    return labels
+
+
 def reachable_labels(num_groups: int | str | None) -> tuple[str, ...]:
     """The labels a run must reach when its layouts have ``num_groups`` groups (``None``: drawn from
     1 to 4), or are all of the layout ``num_groups`` names.  A run of Mamba layouts (``"mamba"``)
-    must reach the Mamba labels, which the others are spared (Mamba layouts are a few of their
-    draws).  A hit across all groups (or across MLA and full attention) needs two groups at least,
-    as does a shared prefix one group cached past the hit, and cross-attention sits beside the
-    decoder's self-attention."""
+    must reach the Mamba labels, and one of Mamba beside local attention (``"samba"``) its own,
+    which the others are spared (those layouts are a few of their draws).  A hit across all groups
+    (or across MLA and full attention) needs two groups at least, as does a shared prefix one group
+    cached past the hit, and cross-attention sits beside the decoder's self-attention."""
     if num_groups == "mamba":
         return MAMBA_LABELS
-    general = tuple(label for label in ALL_LABELS if label not in MAMBA_LABELS)
+    if num_groups == "samba":
+        return SAMBA_LABELS
+    general = tuple(label for label in ALL_LABELS if label not in (*MAMBA_LABELS, *SAMBA_LABELS))
     if num_groups == 1:
         multi_group = (
             HIT_ACROSS_ALL_GROUPS,
@@ -427,6 +457,7 @@ def step_labels(
             labels.append(HIT_INSIDE_BLOCK_BESIDE_DRAFTER)
         if model.checkpoints_held_back > before.checkpoints_held_back:
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
+        labels.extend(_window_beside_states_labels(model, result.hit_length or 0, bool(result.block_copies)))
     if model.states_thinned > before.states_thinned:
         labels.append(STATE_THINNED_BY_RETENTION)
     if model.junction_states_cached > before.junction_states_cached:

@@ -480,6 +480,30 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         ],
         "cache_matches_model",
     ),
+    # R-SWA and Mamba states in 4-token blocks hashed every 2 tokens: a's state after 6 is cached inside
+    # a block, and b, sharing 6 tokens, hits there inside R-SWA's block 1; probing whole blocks only, 4.
+    "rswa-hits-stop-at-whole-blocks": (
+        TargetConfig(
+            32, 2, (GroupSpec("rswa", 3, block_size=4), GroupSpec("mamba_align", block_size=4)), True, hash_block_size=2
+        ),
+        [*PRODUCER_STEPS, Finish("r0"), AddRequest("b", (1, 2, 3, 4, 5, 6, 9, 9, 9)), Schedule("b", 9)],
+        "hit_is_sound_and_maximal",
+    ),
+    # A sliding window in 4-token blocks hashed every 2 tokens keeps hits on the scheduler block size, 4:
+    # under a retention interval of 0 the window caches only the blocks a hit at a's replay boundary on
+    # that size needs, none of a's first 7 tokens; asked for hits on the hash size, it caches block 0.
+    "sub-block-hits-beside-a-window-hashed-finer": (
+        TargetConfig(
+            32,
+            2,
+            (GroupSpec("sliding_window", 3, block_size=4), GroupSpec("mamba_align", block_size=4)),
+            True,
+            hash_block_size=2,
+            prefix_cache_retention_interval=0,
+        ),
+        [AddRequest("a", tuple(range(11))), Schedule("a", 7)],
+        "cache_matches_model",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (
