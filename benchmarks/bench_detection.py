@@ -2,7 +2,8 @@
 
 For each catalogued fault, run the manager machine (the ``dev`` profile's
 budget, groups drawn from 1 to 4, or the Mamba layouts alone with
-``--layout mamba``, no example database) from N random seeds
+``--layout mamba``, or Mamba beside local attention with ``--layout samba``,
+no example database) from N random seeds
 and report how many runs caught the fault, the time from start until the
 shrunk repro is ready (median and max over the catching runs), the shrunk
 lengths and the invariants that fired.  Seeds are printed so that any run
@@ -65,7 +66,10 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=PROFILES["dev"].max_examples, help="examples per run")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument(
-        "--layout", default=None, choices=["mamba"], help="run the manager machine's Mamba layouts alone"
+        "--layout",
+        default=None,
+        choices=["mamba", "samba"],
+        help="run the manager machine's Mamba layouts alone, or Mamba beside local attention",
     )
     args = parser.parse_args()
 
@@ -82,7 +86,9 @@ def main() -> int:
     else:
         seeds = list(range(args.seed_base, args.seed_base + args.seeds))
     tasks = [(args.target, fault, seed, args.examples, args.layout) for fault in faults for seed in seeds]
-    layouts = "Mamba layouts" if args.layout else "groups drawn from 1 to 4"
+    layouts = {"mamba": "Mamba layouts", "samba": "Mamba beside local attention"}.get(
+        args.layout or "", "groups drawn from 1 to 4"
+    )
     print(
         f"target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run, {layouts}"
     )

@@ -410,8 +410,10 @@ class TargetConfig:
         ``rswa``) or ``mamba_align``.  A hit is then a multiple of the hash size, and a group whose hit
         ends inside a block copies that block to one of the request's own (copy on write).  Beside a
         sliding-window or chunked-local group hashed finer than its blocks vLLM 0.33.0 turns them off:
-        hits stay on the scheduler block size, though align-mode Mamba groups (and full attention with
-        blocks larger than the hashes) still key the prompt's last hash boundary inside a block."""
+        hits stay on the scheduler block size, though full attention with blocks larger than the hashes
+        still keys the prompt's last hash boundary inside a block, and a ``mamba_align`` group enters the
+        state at that boundary under its one-hash-unit key when a chunk ends there (on a block boundary,
+        as chunks then do)."""
         if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
             return False
         if not any(
