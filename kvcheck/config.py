@@ -412,16 +412,20 @@ class TargetConfig:
         sliding-window or chunked-local group hashed finer than its blocks vLLM 0.33.0 turns them off:
         hits stay on the scheduler block size, though full attention with blocks larger than the hashes
         still keys the prompt's last hash boundary inside a block, and a ``mamba_align`` group enters the
-        state at that boundary under its one-hash-unit key when a chunk ends there (on a block boundary,
-        as chunks then do)."""
+        state at that boundary under its one-hash-unit key when the tokens it caches end there."""
+        return self.states_finer_than_hashes and not self._groups_without_sub_block_lookup()
+
+    @property
+    def states_finer_than_hashes(self) -> bool:
+        """Whether, with prefix caching, several groups and one rank, a ``mamba_align`` group's blocks are
+        larger than the hashes: sub-block hits are on if every other group can take them
+        (:attr:`partial_hits`)."""
         if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
             return False
-        if not any(
+        return any(
             group.kind == "mamba_align" and self.group_block_size(index) > self.hash_size
             for index, group in enumerate(self.groups)
-        ):
-            return False
-        return not self._groups_without_sub_block_lookup()
+        )
 
     def _groups_without_sub_block_lookup(self) -> list[int]:
         """Groups in the prefix cache hashed finer than their blocks whose lookups cannot end inside a
@@ -627,13 +631,13 @@ class TargetConfig:
                     f"{self.dcp_world_size} with prefix caching and groups[{index}] mamba_align: vLLM 0.33.0 then "
                     "hits states inside a block (fine-grained hits, not modelled)",
                 )
-            if self.partial_hits and index in self.drop_group_ids and self.num_reprefillable_tokens:
+            if self.states_finer_than_hashes and index in self.drop_group_ids and self.num_reprefillable_tokens:
                 raise ConfigError(
                     "num_prefill_lookahead",
-                    f"{self.num_prefill_lookahead} with sub-block hits and groups[{index}] mamba_align holding the "
-                    "drafter: vLLM 0.33.0 then keys the prompt's state inside a block a step late, after the "
-                    "forward that runs past it (tests/vllm/test_known_defects.py); name the drafter's groups "
-                    "without it, or a lookahead of 1",
+                    f"{self.num_prefill_lookahead} with groups[{index}] mamba_align in blocks larger than the hashes "
+                    "holding the drafter: vLLM 0.33.0 then keys the prompt's state inside a block a step late, "
+                    "after the forward that runs past it (tests/vllm/test_known_defects.py); name the drafter's "
+                    "groups without it, or a lookahead of 1",
                 )
 
     def _validate_context_parallel(self) -> None:

@@ -368,9 +368,9 @@ def _drafter_beside_states(rng: random.Random, config: TargetConfig, share: floa
     # In a third of the draws no group is named: vLLM then counts every group the drafter's, the Mamba
     # groups too, whose lookups still look no further than the candidate.
     drafter_groups = attention if rng.random() < 2 / 3 else ()
-    if not drafter_groups and config.partial_hits:
-        # A Mamba group holding the drafter, with sub-block hits, takes no lookahead past one token: vLLM
-        # 0.33.0 keys the prompt's state there a step late (tests/vllm/test_known_defects.py).
+    if not drafter_groups and config.states_finer_than_hashes:
+        # A Mamba group holding the drafter, in blocks larger than the hashes, takes no lookahead past one
+        # token: vLLM 0.33.0 keys the prompt's state inside a block a step late (tests/vllm/test_known_defects.py).
         prefill_lookahead = min(prefill_lookahead, 1)
     drafter = attrs.evolve(
         config, use_eagle=True, eagle_group_ids=drafter_groups, num_prefill_lookahead=prefill_lookahead

@@ -440,11 +440,12 @@ class KVCacheConfig:
                     f"groups[{index}] is Mamba in the align mode: under decode context parallelism vLLM "
                     "0.33.0 turns on fine-grained (sub-block) state hits, which kvcore does not implement",
                 )
-            if self.partial_hits and index in self.drop_group_ids and self.num_reprefillable_tokens:
+            if self.states_finer_than_hashes and index in self.drop_group_ids and self.num_reprefillable_tokens:
                 raise InvalidConfig(
                     "num_prefill_lookahead",
                     self.num_prefill_lookahead,
-                    f"groups[{index}] is Mamba in the align mode with sub-block hits, holding the drafter: with "
+                    f"groups[{index}] is Mamba in the align mode in blocks larger than the hash block size (sub-block "
+                    "hits on or off), holding the drafter: with "
                     "tokens a drafter prefills again, vLLM 0.33.0 enters the prompt's state inside a block a step "
                     "late, after the forward that ran past it (a stale state), which kvcore does not reproduce",
                 )

@@ -889,7 +889,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
                 "num_prefill_lookahead": 2,
             },
             "config.num_prefill_lookahead",
-            r"2 with sub-block hits and groups\[1\] mamba_align holding the drafter: vLLM 0.33.0",
+            r"2 with groups\[1\] mamba_align in blocks larger than the hashes holding the drafter: vLLM 0.33.0",
         ),
         (
             {"groups": [{"kind": "sliding_window", "window": 3}], "prefix_cache_retention_interval": 70000},
@@ -970,7 +970,7 @@ def test_drafter_and_async_fields_round_trip() -> None:
                 "num_prefill_lookahead": 2,
             },
             "config.num_prefill_lookahead",
-            r"2 with sub-block hits and groups\[1\] mamba_align holding the drafter: vLLM 0.33.0",
+            r"2 with groups\[1\] mamba_align in blocks larger than the hashes holding the drafter: vLLM 0.33.0",
         ),
     ],
 )

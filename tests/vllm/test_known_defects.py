@@ -94,3 +94,36 @@ def test_a_mamba_state_inside_a_block_is_keyed_a_step_late_when_a_drafter_prefil
     assert manager.allocate_slots(request, 1) is not None
     ((source, copy),) = states._pending_cow_copies
     assert source is states.req_to_blocks["a"][0] and copy.block_hash_num_tokens == 2
+
+
+def test_the_state_is_keyed_a_step_late_with_sub_block_hits_off_too() -> None:
+    """The same defect where a sliding window hashed finer than its blocks turns sub-block hits off:
+    2-token blocks hashed every token, a drafter in both groups prefilling 2 tokens past a chunk.  The
+    prompt [0, 0] is computed in one chunk whose forward runs its state block to 2 tokens, yet the block
+    is keyed after 1 (the last token is one a drafter may prefill again, and the Mamba group caches up
+    to the prompt's last hash boundary all the same); the next step copies that block, by then keyed
+    after 2 tokens, into one the cache keeps under the 1-token prefix.  kvcore and kvcheck refuse it
+    (``num_prefill_lookahead``), as with sub-block hits on."""
+    manager = make_manager(
+        [GroupSpec("sliding_window", 2), GroupSpec("mamba_align")],
+        8,
+        [2, 2],
+        True,
+        use_eagle=True,
+        num_prefill_lookahead=2,
+        hash_block_size=1,
+        scheduler_block_size=2,
+    )
+    assert not manager.coordinator.enable_partial_hash_hits
+    states = manager.coordinator.single_type_managers[1]
+    request = make_request("a", [0, 0], 1)
+    keyed_after = []
+    for num_new_tokens in (2, 1):
+        assert manager.allocate_slots(request, num_new_tokens) is not None
+        keyed_after.append(states.req_to_blocks["a"][0].block_hash_num_tokens)
+        request.num_computed_tokens += num_new_tokens
+        request.append_output_token_ids(0)
+    # Keyed after 1 token by the step whose forward ran the block to 2.
+    assert keyed_after == [1, 2]
+    ((source, copy),) = states._pending_cow_copies
+    assert source is states.req_to_blocks["a"][0] and copy.block_hash_num_tokens == 1
