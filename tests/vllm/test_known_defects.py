@@ -6,6 +6,8 @@ it, the test fails, and the restriction it names in the config space can go.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip(
@@ -63,6 +65,35 @@ def test_a_prefill_checkpoint_past_the_hashes_asserts() -> None:
         manager.allocate_slots(request, 2)
 
 
+def _drafter_in_every_group(attention: GroupSpec, block_sizes: list[int], hash_block_size: int) -> Any:
+    """vLLM's manager of ``attention`` beside an align-mode Mamba group (blocks of ``block_sizes``, hashed
+    every ``hash_block_size`` tokens), a drafter in both groups prefilling 2 tokens past a chunk."""
+    return make_manager(
+        [attention, GroupSpec("mamba_align")],
+        16,
+        block_sizes,
+        True,
+        use_eagle=True,
+        num_prefill_lookahead=2,
+        hash_block_size=hash_block_size,
+        scheduler_block_size=max(block_sizes),
+    )
+
+
+def _keys_of_the_first_state_block(manager: Any, request: Any, chunks: tuple[int, ...], sample: bool) -> list[Any]:
+    """The number of tokens the request's first Mamba state block is keyed after, following each chunk
+    (a sampled token appended after each when ``sample``)."""
+    states = manager.coordinator.single_type_managers[1]
+    keyed_after = []
+    for num_new_tokens in chunks:
+        assert manager.allocate_slots(request, num_new_tokens) is not None
+        keyed_after.append(states.req_to_blocks[request.request_id][0].block_hash_num_tokens)
+        request.num_computed_tokens += num_new_tokens
+        if sample:
+            request.append_output_token_ids(0)
+    return keyed_after
+
+
 def test_a_mamba_state_inside_a_block_is_keyed_a_step_late_when_a_drafter_prefills_again() -> None:
     """Sub-block hits (4-token Mamba blocks hashed every 2 tokens) and a drafter in every group, the
     Mamba group's too, prefilling 2 tokens past a chunk (1 token it may prefill again, which a dropping
@@ -72,25 +103,11 @@ def test_a_mamba_state_inside_a_block_is_keyed_a_step_late_when_a_drafter_prefil
     copies the state after 3 tokens into the block the cache keeps under the 2-token prefix.  kvcore
     and kvcheck refuse the combination (``num_prefill_lookahead``); kvcheck's config space draws a
     lookahead of at most 1 there."""
-    manager = make_manager(
-        [GroupSpec("full"), GroupSpec("mamba_align")],
-        16,
-        [2, 4],
-        True,
-        use_eagle=True,
-        num_prefill_lookahead=2,
-        hash_block_size=2,
-        scheduler_block_size=4,
-    )
+    manager = _drafter_in_every_group(GroupSpec("full"), [2, 4], 2)
     states = manager.coordinator.single_type_managers[1]
     request = make_request("a", list(range(5)), 2)
-    keyed_after = []
-    for num_new_tokens in (2, 1):
-        assert manager.allocate_slots(request, num_new_tokens) is not None
-        keyed_after.append(states.req_to_blocks["a"][0].block_hash_num_tokens)
-        request.num_computed_tokens += num_new_tokens
     # Keyed after 2 tokens in the step computing token 3 into the block, not in the one ending at 2.
-    assert keyed_after == [None, 2]
+    assert _keys_of_the_first_state_block(manager, request, (2, 1), sample=False) == [None, 2]
     assert manager.allocate_slots(request, 1) is not None
     ((source, copy),) = states._pending_cow_copies
     assert source is states.req_to_blocks["a"][0] and copy.block_hash_num_tokens == 2
@@ -104,26 +121,11 @@ def test_the_state_is_keyed_a_step_late_with_sub_block_hits_off_too() -> None:
     to the prompt's last hash boundary all the same); the next step copies that block, by then keyed
     after 2 tokens, into one the cache keeps under the 1-token prefix.  kvcore and kvcheck refuse it
     (``num_prefill_lookahead``), as with sub-block hits on."""
-    manager = make_manager(
-        [GroupSpec("sliding_window", 2), GroupSpec("mamba_align")],
-        8,
-        [2, 2],
-        True,
-        use_eagle=True,
-        num_prefill_lookahead=2,
-        hash_block_size=1,
-        scheduler_block_size=2,
-    )
+    manager = _drafter_in_every_group(GroupSpec("sliding_window", 2), [2, 2], 1)
     assert not manager.coordinator.enable_partial_hash_hits
     states = manager.coordinator.single_type_managers[1]
     request = make_request("a", [0, 0], 1)
-    keyed_after = []
-    for num_new_tokens in (2, 1):
-        assert manager.allocate_slots(request, num_new_tokens) is not None
-        keyed_after.append(states.req_to_blocks["a"][0].block_hash_num_tokens)
-        request.num_computed_tokens += num_new_tokens
-        request.append_output_token_ids(0)
     # Keyed after 1 token by the step whose forward ran the block to 2.
-    assert keyed_after == [1, 2]
+    assert _keys_of_the_first_state_block(manager, request, (2, 1), sample=True) == [1, 2]
     ((source, copy),) = states._pending_cow_copies
     assert source is states.req_to_blocks["a"][0] and copy.block_hash_num_tokens == 1
