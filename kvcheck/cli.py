@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the state machines and the regression corpus, with a summary")
     target_options(run)
     run.add_argument("--groups", type=int, default=None, help=f"fix the number of KV-cache groups (1 to {MAX_GROUPS})")
-    run.add_argument("--profile", default=None, help="Hypothesis profile: dev, ci or thorough")
+    run.add_argument("--profile", default=None, help="Hypothesis profile: dev, ci, thorough or smoke")
     run.add_argument(
         "--swarm-runs",
         type=int,

@@ -9,8 +9,10 @@ The plugin is loaded into every pytest run of a venv that has kvcheck
 installed, so it stays out of the way: its options are prefixed
 (``--kvcheck-target``, ``--kvcheck-fault``, ``--kvcheck-groups``,
 ``--kvcheck-repros``; the checkout's ``conftest.py`` adds the short
-spellings), it loads no Hypothesis profile and parametrizes nothing outside
-kvcheck's own suite (that is the suite's ``conftest.py``).
+spellings), it loads no Hypothesis profile (it registers the kvcheck profile
+``--hypothesis-profile`` names, if no profile of that name is registered
+yet) and parametrizes nothing outside kvcheck's own suite (that is the
+suite's ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,26 @@ def add_options(parser: pytest.Parser, prefix: str) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser, "kvcheck-")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the kvcheck profile ``--hypothesis-profile`` names before Hypothesis's plugin loads it:
+    installed, the suite's ``conftest.py`` (which registers them all) is read only at collection.  A
+    profile of that name registered already (Hypothesis's own ``ci``, a repository's) is left alone,
+    and none is loaded here."""
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    from kvcheck.stateful_tests.profiles import PROFILES
+
+    chosen = config.getoption("hypothesis_profile", default=None)
+    if chosen not in PROFILES:
+        return
+    try:
+        settings.get_profile(chosen)
+    except InvalidArgument:
+        settings.register_profile(chosen, PROFILES[chosen])
 
 
 @pytest.fixture

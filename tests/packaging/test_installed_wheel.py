@@ -48,6 +48,10 @@ def test_their_hypothesis_profile_is_untouched(value):
 """
 
 
+SMOKE = ("--profile", "smoke")
+"""The installation is what is checked here, not the allocator: a derandomized handful of examples."""
+
+
 def _tracked_files() -> list[str]:
     listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
     if listed.returncode != 0:
@@ -109,7 +113,17 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
 
     ran = _must(
         _run(
-            [str(bin_dir / "kvcheck"), "run", "--target", "myalloc:factory", "--groups", "1", "--swarm-runs", "50"],
+            [
+                str(bin_dir / "kvcheck"),
+                "run",
+                "--target",
+                "myalloc:factory",
+                "--groups",
+                "1",
+                "--swarm-runs",
+                "50",
+                *SMOKE,
+            ],
             work,
             env,
         ),
@@ -133,6 +147,8 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
                 "myalloc:factory",
                 "--kvcheck-groups",
                 "1",
+                "--hypothesis-profile",
+                "smoke",
             ],
             work,
             env,
@@ -159,6 +175,7 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
             "1",
             "--swarm-runs",
             "50",
+            *SMOKE,
         ],
         work,
         env,
