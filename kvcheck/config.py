@@ -405,7 +405,7 @@ class TargetConfig:
     @property
     def partial_hits(self) -> bool:
         """Whether hits may end inside a block (vLLM 0.33.0's fine-grained hits): with prefix caching,
-        several groups, a ``mamba_align`` group whose blocks are larger than the hashes, and every other
+        several groups, a ``mamba_align`` group asking for them (:attr:`asks_for_sub_block_hits`), and every other
         group in the prefix cache either hashed at its block size or full attention (``full``, ``mla``,
         ``rswa``) or ``mamba_align``.  A hit is then a multiple of the hash size, and a group whose hit
         ends inside a block copies that block to one of the request's own (copy on write).  Beside a
@@ -413,14 +413,29 @@ class TargetConfig:
         hits stay on the scheduler block size, though full attention with blocks larger than the hashes
         still keys the prompt's last hash boundary inside a block, and a ``mamba_align`` group enters the
         state at that boundary under its one-hash-unit key when the tokens it caches end there."""
-        return self.states_finer_than_hashes and not self._groups_without_sub_block_lookup()
+        return self.asks_for_sub_block_hits and not self._groups_without_sub_block_lookup()
+
+    @property
+    def asks_for_sub_block_hits(self) -> bool:
+        """Whether, with prefix caching and several groups, a ``mamba_align`` group asks for sub-block hits
+        (on if every other group can take them, :attr:`partial_hits`): on one rank, when its blocks are
+        larger than the hashes; over decode context parallel ranks, when they are at least as large, as
+        the sharded full-attention blocks, ``dcp_world_size`` times larger, are then the ones hits end
+        inside (vLLM 0.33.0's ``partial_hash_hits_enabled``)."""
+        if not self.enable_caching or len(self.groups) == 1:
+            return False
+        if self.dcp_world_size > 1:
+            return any(
+                group.kind == "mamba_align" and self.group_block_size(index) >= self.hash_size
+                for index, group in enumerate(self.groups)
+            )
+        return self.states_finer_than_hashes
 
     @property
     def states_finer_than_hashes(self) -> bool:
-        """Whether, with prefix caching, several groups and one rank, a ``mamba_align`` group's blocks are
-        larger than the hashes: sub-block hits are on if every other group can take them
-        (:attr:`partial_hits`)."""
-        if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
+        """Whether, with prefix caching and several groups, a ``mamba_align`` group's blocks are larger than
+        the hashes, so states sit inside its blocks (sub-block hits on or off)."""
+        if not self.enable_caching or len(self.groups) == 1:
             return False
         return any(
             group.kind == "mamba_align" and self.group_block_size(index) > self.hash_size
@@ -625,12 +640,6 @@ class TargetConfig:
         for index, group in enumerate(self.groups):
             if group.kind != "mamba_align":
                 continue
-            if self.dcp_world_size > 1:
-                raise ConfigError(
-                    "dcp_world_size",
-                    f"{self.dcp_world_size} with prefix caching and groups[{index}] mamba_align: vLLM 0.33.0 then "
-                    "hits states inside a block (fine-grained hits, not modelled)",
-                )
             if self.states_finer_than_hashes and index in self.drop_group_ids and self.num_reprefillable_tokens:
                 raise ConfigError(
                     "num_prefill_lookahead",

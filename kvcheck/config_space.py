@@ -444,15 +444,24 @@ def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> Tar
         return config
 
 
+STATES_UNDER_DCP_SHARE = 1 / 3
+"""Of the draws with prefix caching and align-mode Mamba states that ``_context_parallel`` would shard,
+the share it does (the states' other features keep most of their single-rank draws)."""
+
+
 def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
     """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws (twice
-    that share of the draws with prefix caching that vLLM shards: every group full attention, as in
-    DeepSeek's layouts, which DCP serves; few hybrid ones are), the drafter's groups replicated in half
-    of those (a draft model at DCP 1).  (Drawn last.)  A draw vLLM would refuse (with prefix caching, a
-    sharded group that is not full attention) keeps one rank."""
-    if config.enable_caching and _shardable(config):
+    that share of the draws with prefix caching that vLLM shards and that hold no align-mode Mamba
+    group: every group full attention, as in DeepSeek's layouts, which DCP serves; few hybrid ones are;
+    a third of it with prefix caching beside align-mode Mamba states, where sub-block hits end inside
+    the sharded blocks), the drafter's groups replicated in half of those (a draft model at DCP 1).
+    (Drawn last.)  A draw vLLM would refuse (with prefix caching, a sharded group that is not full
+    attention) keeps one rank."""
+    states_cached = config.enable_caching and config.has_aligned_mamba
+    if config.enable_caching and not states_cached and _shardable(config):
         share = min(1.0, 2 * share)
-    if rng.random() >= share:
+    draw = rng.random()
+    if draw >= share:
         return config
     world = rng.choice([2, 2, 4])
     groups = config.groups
@@ -461,6 +470,8 @@ def _context_parallel(rng: random.Random, config: TargetConfig, share: float) ->
             attrs.evolve(group, dcp_replicated=True) if index in config.eagle_group_ids else group
             for index, group in enumerate(groups)
         )
+    if states_cached and draw >= share * STATES_UNDER_DCP_SHARE:
+        return config
     try:
         return attrs.evolve(config, groups=groups, dcp_world_size=world).validate()
     except ConfigError:

@@ -1006,6 +1006,31 @@ def plant_sub_block_hits_beside_a_window_hashed_finer(manager: kvcore.KVCacheMan
             group_manager.hit_alignment = config.hash_block_size
 
 
+class _OneRankSubBlockRule(kvcore.KVCacheConfig):
+    """A config that asks for sub-block hits by the one-rank rule under any world size."""
+
+    @property
+    def asks_for_sub_block_hits(self) -> bool:
+        return self.states_finer_than_hashes
+
+
+def plant_sub_block_hits_off_under_dcp_at_equal_sizes(manager: kvcore.KVCacheManager) -> None:
+    # The bug: sub-block hits are asked for by the one-rank rule under decode context parallelism too
+    # (Mamba states in blocks larger than the hashes), though there the sharded full-attention blocks,
+    # dcp_world_size times larger, are the ones hits end inside: with states at the hash size, hits stay
+    # on the scheduler block size and the tokens past the last whole sharded block are computed again.
+    config = manager.config
+    if config.dcp_world_size == 1 or not config.partial_hits:
+        return
+    planted = _OneRankSubBlockRule(**{field.name: getattr(config, field.name) for field in attrs.fields(type(config))})
+    if planted.partial_hits:
+        return
+    manager.config = manager.coordinator.config = planted
+    manager.coordinator.hit_alignment = planted.scheduler_block_size
+    for group_manager in manager.coordinator.managers:
+        group_manager.hit_alignment = planted.scheduler_block_size
+
+
 def padding_counted(count: int, num_positions: int) -> int:
     """An align-mode Mamba admission count that counts a block for every position up to the last slot
     (``num_positions`` past the table and the hit), null padding included, where one block is taken."""

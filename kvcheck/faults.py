@@ -347,6 +347,13 @@ FAULTS: dict[str, Fault] = {
             plants.plant_sub_block_hits_beside_a_window_hashed_finer,
         ),
         Fault(
+            "sub-block-hits-off-under-dcp-at-equal-sizes",
+            "sub-block hits are asked for by the one-rank rule under decode context parallelism too (Mamba "
+            "states in blocks larger than the hashes): with states at the hash size, hits stop at the sharded "
+            "full-attention blocks, dcp_world_size times larger, and the tokens past them are computed again",
+            plants.plant_sub_block_hits_off_under_dcp_at_equal_sizes,
+        ),
+        Fault(
             "state-hit-in-the-step-that-caches-it",
             "an align-mode Mamba group forgets which states it cached in the current scheduler step: a request "
             "scheduled in the same step hits a state whose forward pass has not run yet, and reads garbage",

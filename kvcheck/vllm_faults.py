@@ -668,6 +668,22 @@ def _sub_block_hits_beside_a_window_hashed_finer(manager: Any) -> None:
             group_manager.cache_hit_alignment_tokens = coordinator.hash_block_size
 
 
+def _sub_block_hits_off_under_dcp_at_equal_sizes(manager: Any) -> None:
+    from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
+
+    coordinator = manager.coordinator
+    if not getattr(coordinator, "enable_partial_hash_hits", False) or coordinator.dcp_world_size == 1:
+        return
+    # As if partial_hash_hits_enabled compared the Mamba blocks with the hashes as on one rank.
+    classes = [type(group_manager) for group_manager in coordinator.single_type_managers]
+    if not partial_hash_hits_enabled(
+        coordinator.kv_cache_config.kv_cache_groups, coordinator.hash_block_size, 1, classes
+    ):
+        coordinator.enable_partial_hash_hits = False
+        for group_manager in coordinator.single_type_managers:
+            group_manager.cache_hit_alignment_tokens = coordinator.scheduler_block_size
+
+
 def _retention_caches_every_state(manager: Any) -> None:
     cache_every_state(_align_mode_mamba_managers(manager), "reachable_block_mask", lambda *_, **__: None)
 
@@ -909,6 +925,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "sub-block-hits-beside-a-window-hashed-finer",
             "vLLM KVCacheCoordinator calling partial_hash_hits_enabled without its managers' classes",
             _sub_block_hits_beside_a_window_hashed_finer,
+        ),
+        Fault(
+            "sub-block-hits-off-under-dcp-at-equal-sizes",
+            "vLLM partial_hash_hits_enabled comparing the Mamba blocks with the hashes by the one-rank rule "
+            "under decode context parallelism",
+            _sub_block_hits_off_under_dcp_at_equal_sizes,
         ),
         Fault(
             "state-hit-in-the-step-that-caches-it",

@@ -433,13 +433,6 @@ class KVCacheConfig:
                 continue
             if not self.enable_caching:
                 continue
-            if self.dcp_world_size > 1:
-                raise InvalidConfig(
-                    "dcp_world_size",
-                    self.dcp_world_size,
-                    f"groups[{index}] is Mamba in the align mode: under decode context parallelism vLLM "
-                    "0.33.0 turns on fine-grained (sub-block) state hits, which kvcore does not implement",
-                )
             if self.states_finer_than_hashes and index in self.drop_group_ids and self.num_reprefillable_tokens:
                 raise InvalidConfig(
                     "num_prefill_lookahead",
@@ -453,19 +446,35 @@ class KVCacheConfig:
     @property
     def partial_hits(self) -> bool:
         """Whether hits may end inside a block (vLLM 0.33.0's fine-grained, or partial hash, hits): with
-        prefix caching, several groups, an align-mode Mamba group whose blocks are larger than the hash
-        block size, and every other group in the prefix cache able to look up inside its blocks (full
-        attention, plain, MLA or R-SWA, and align-mode Mamba) or hashed at its own block size.  A hit is then a
+        prefix caching, several groups, an align-mode Mamba group asking for them
+        (:attr:`asks_for_sub_block_hits`), and every other group in the prefix cache able to look up inside
+        its blocks (full attention, plain, MLA or R-SWA, and align-mode Mamba) or hashed at its own block
+        size.  A hit is then a
         multiple of the hash block size; a group whose hit ends inside a block copies that shared block
         to a block of its own before writing (copy on write)."""
-        return self.states_finer_than_hashes and not self._groups_without_fine_grained_lookup()
+        return self.asks_for_sub_block_hits and not self._groups_without_fine_grained_lookup()
+
+    @property
+    def asks_for_sub_block_hits(self) -> bool:
+        """Whether, with prefix caching and several groups, an align-mode Mamba group asks for sub-block
+        hits (they are on if every other group can take them, :attr:`partial_hits`): on one rank, when
+        its blocks are larger than the hash block size; under decode context parallelism, when they are
+        at least as large, as the sharded full-attention blocks (``dcp_world_size`` times larger) are
+        then the ones hits end inside (vLLM 0.33.0's ``partial_hash_hits_enabled``)."""
+        if not self.enable_caching or len(self.groups) == 1:
+            return False
+        if self.dcp_world_size > 1:
+            return any(
+                isinstance(spec, MambaSpec) and spec.aligned and spec.block_size >= self.hash_block_size
+                for spec in self.groups
+            )
+        return self.states_finer_than_hashes
 
     @property
     def states_finer_than_hashes(self) -> bool:
-        """Whether, with prefix caching, several groups and one rank, an align-mode Mamba group's blocks
-        are larger than the hash block size: sub-block hits are on if every other group can take them
-        (:attr:`partial_hits`)."""
-        if not self.enable_caching or len(self.groups) == 1 or self.dcp_world_size > 1:
+        """Whether, with prefix caching and several groups, an align-mode Mamba group's blocks are larger
+        than the hash block size, so states sit inside its blocks (sub-block hits on or off)."""
+        if not self.enable_caching or len(self.groups) == 1:
             return False
         return any(
             isinstance(spec, MambaSpec) and spec.aligned and spec.block_size > self.hash_block_size

@@ -75,6 +75,7 @@ SHARED_PREFIX_STATE_CACHED = "Mamba state cached at a shared prefix's end (share
 STATE_HIT_BESIDE_WINDOW = "prefix hit on a Mamba state beside local attention"
 STATE_HIT_WITH_SUB_BLOCK_HITS_OFF = "prefix hit on a Mamba state with sub-block hits off beside a window hashed finer"
 RSWA_HIT_INSIDE_BLOCK = "hit ending inside an R-SWA block copied on write"
+STATE_HIT_INSIDE_SHARDED_BLOCK = "prefix hit on a Mamba state ending inside a block sharded over DCP ranks"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -88,10 +89,11 @@ ALIGN_FEATURE_LABELS = (
     STATE_HIT_DEFERRED,
     HIT_INSIDE_BLOCK_BESIDE_DRAFTER,
     SHARED_PREFIX_STATE_CACHED,
+    STATE_HIT_INSIDE_SHARDED_BLOCK,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
 beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
-requests."""
+requests, sub-block hits inside blocks sharded over decode context parallel ranks."""
 
 SAMBA_LABELS = (STATE_HIT_BESIDE_WINDOW, STATE_HIT_WITH_SUB_BLOCK_HITS_OFF, RSWA_HIT_INSIDE_BLOCK)
 """The labels of Mamba states beside local attention (the ``samba`` layout): sub-block hits off beside a
@@ -154,6 +156,15 @@ MAMBA_LABELS = (
     *ALIGN_FEATURE_LABELS,
 )
 """The labels of Mamba groups' states, which the run of Mamba layouts must reach."""
+
+
+def _ends_inside_a_sharded_block(model: ManagerModel, hit_length: int) -> bool:
+    """Whether a hit of ``hit_length`` tokens ends inside a block of a group sharded over decode context
+    parallel ranks (a sub-block hit there)."""
+    config = model.config
+    return config.dcp_world_size > 1 and any(
+        config.dcp_sharded(g) and hit_length % config.group_block_size(g) for g in range(len(config.groups))
+    )
 
 
 def _drop_ends_inside_a_block(model: ManagerModel, hit_length: int) -> bool:
@@ -455,6 +466,8 @@ def step_labels(
             labels.append(CHECKPOINT_BESIDE_DRAFTER)
         if result.hit_length and model.partial_hits and _drop_ends_inside_a_block(model, result.hit_length):
             labels.append(HIT_INSIDE_BLOCK_BESIDE_DRAFTER)
+        if result.hit_length and _ends_inside_a_sharded_block(model, result.hit_length):
+            labels.append(STATE_HIT_INSIDE_SHARDED_BLOCK)
         if model.checkpoints_held_back > before.checkpoints_held_back:
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
         labels.extend(_window_beside_states_labels(model, result.hit_length or 0, bool(result.block_copies)))

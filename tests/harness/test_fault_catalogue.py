@@ -504,6 +504,16 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(11))), Schedule("a", 7)],
         "cache_matches_model",
     ),
+    # Full attention sharded over 2 ranks (blocks of 2 x 2 tokens) beside Mamba states in 2-token blocks,
+    # hashed every 2: sub-block hits are on.  a's 7-token prompt is computed in chunks ending on the
+    # scheduler block, 4, and on its last hash boundary, 6, inside full attention's block 1, where its
+    # state and that block are cached.  Asked for by the one-rank rule, sub-block hits are off: the
+    # second chunk runs to the prompt's end and nothing past 4 is cached.
+    "sub-block-hits-off-under-dcp-at-equal-sizes": (
+        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True, dcp_world_size=2),
+        [AddRequest("a", tuple(range(7))), Schedule("a", 4), Schedule("a", 3)],
+        "cache_matches_model",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (

@@ -954,9 +954,9 @@ def test_drafter_and_async_fields_round_trip() -> None:
             "with async scheduling and hashes that look ahead: vLLM 0.33.0",
         ),
         (
-            {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "dcp_world_size": 2},
+            {"groups": [{"kind": "sliding_window", "window": 3}, {"kind": "mamba_align"}], "dcp_world_size": 2},
             "config.dcp_world_size",
-            r"2 with prefix caching and groups\[1\] mamba_align",
+            r"2 with prefix caching and groups\[0\] sliding_window sharded",
         ),
         (
             {"groups": [{"kind": "full"}, {"kind": "mamba_align"}], "prefix_cache_retention_interval": 3},

@@ -16,6 +16,7 @@ from kvcore import (
     KVCacheManager,
     MambaSpec,
     Request,
+    SlidingWindowSpec,
 )
 
 BLOCK_SIZE = 2
@@ -198,7 +199,8 @@ def test_speculative_blocks_count_on_a_requests_first_allocation_only() -> None:
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        (lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], dcp_world_size=2), "dcp_world_size"),
+        # Under decode context parallelism with caching, a sharded group beside the states must be full attention.
+        (lambda: KVCacheConfig(8, [SlidingWindowSpec(2, 3), ALIGNED], dcp_world_size=2), "dcp_world_size"),
         (
             lambda: KVCacheConfig(8, [FullAttentionSpec(2), ALIGNED], prefix_cache_retention_interval=3),
             "prefix_cache_retention_interval",

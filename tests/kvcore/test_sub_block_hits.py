@@ -132,3 +132,29 @@ def test_a_window_hashed_finer_than_its_blocks_turns_sub_block_hits_off_and_r_sw
     assert hits[1][:2] == (True, 6) and len(hits[1][2]) == 2
     assert KVCacheConfig(16, [SlidingWindowSpec(2, 3), WIDE_STATES]).partial_hits
     assert not KVCacheConfig(16, [FullAttentionSpec(4), WIDE_STATES]).partial_hits
+
+
+def test_under_decode_context_parallelism_states_at_the_hash_size_ask_for_sub_block_hits() -> None:
+    """Full attention in 2-token blocks sharded over 2 ranks (blocks of 4 tokens) beside Mamba states in
+    2-token blocks, hashed every 2: the states ask for sub-block hits though their blocks are no larger
+    than the hashes (on one rank they would not).  A 7-token prompt computed in chunks of 4, 2 and 1
+    caches its state at its last hash boundary, 6, inside full attention's sharded block 1; a second
+    request sharing 6 tokens hits 6 and copies that block on write."""
+    specs = [FullAttentionSpec(2), MambaSpec(2, cache_mode="align")]
+    one_rank = KVCacheConfig(16, specs)
+    assert not one_rank.asks_for_sub_block_hits and not one_rank.partial_hits
+    manager = KVCacheManager(KVCacheConfig(16, specs, dcp_world_size=2))
+    config = manager.config
+    assert (config.manager_block_sizes, config.hash_block_size, config.scheduler_block_size) == ((4, 2), 2, 4)
+    assert config.asks_for_sub_block_hits and config.partial_hits and not config.states_finer_than_hashes
+    producer = Request("a", PROMPT, 2)
+    for num_new_tokens in (4, 2, 1):
+        schedule(manager, producer, num_new_tokens)
+    manager.take_block_copies()
+    consumer = Request("b", [*PROMPT[:6], 9, 9], 2)
+    hit_blocks, hit_length = manager.get_computed_blocks(consumer)
+    assert hit_length == 6 and [len(blocks) for blocks in hit_blocks] == [2, 3]
+    assert manager.allocate_slots(consumer, 2, hit_length, hit_blocks) is not None
+    copies, _ = manager.take_block_copies()
+    assert len(copies) == 1 and copies[0][0] == hit_blocks[0][1].block_id
+    manager.check_invariants()

@@ -135,9 +135,6 @@ def test_align_mode_mamba_prefills_on_state_boundaries_and_hits_its_last_state_a
     assert miss.new_block_ids is not None and miss.new_block_ids[1][0] == 0 and len(miss.new_block_ids[1]) == 2
 
 
-NOT_IMPLEMENTED = "kvcore does not implement"
-
-
 def _aligned_mamba_draw(seed: int) -> tuple[list[GroupSpec], int, dict[str, object]]:
     """An align-mode Mamba group beside 0 to 2 others, of drawn block sizes, with a drawn hash size,
     caching, EAGLE drafter, retention interval and DCP world size."""
@@ -167,24 +164,21 @@ def _scheduler_block_size(groups: list[GroupSpec], keywords: dict[str, object]) 
     return math.lcm(*sizes)
 
 
-def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_says_what_it_does_not_implement() -> (
-    None
-):
-    """Over 400 drawn configurations with an align-mode Mamba group: every one vLLM 0.33.0 refuses,
-    kvcore refuses too; every one kvcore accepts, vLLM runs with fine-grained (sub-block) hits exactly
-    when kvcore's ``partial_hits`` says so; every one kvcore refuses that vLLM runs, kvcore refuses
-    saying it does not implement it (decode context parallelism with prefix caching); and the drawn
-    set holds accepted configurations of both hit kinds, some with sub-block hits turned off by a
-    window hashed finer than its blocks, some with them taken by R-SWA, and both kinds of refusal."""
-    wrong, accepted, not_implemented, sub_block, turned_off, rswa = [], 0, 0, 0, 0, 0
+def test_kvcore_refuses_exactly_what_vllm_refuses_beside_an_align_mode_mamba_group() -> None:
+    """Over 400 drawn configurations with an align-mode Mamba group: kvcore refuses exactly those vLLM
+    0.33.0 refuses; on every one both run, vLLM runs with fine-grained (sub-block) hits exactly when
+    kvcore's ``partial_hits`` says so; and the drawn set holds accepted configurations of both hit kinds,
+    some with sub-block hits turned off by a window hashed finer than its blocks, some with them taken
+    by R-SWA, some with them on under decode context parallelism with the states at the hash size."""
+    wrong, accepted, sub_block, turned_off, rswa, under_dcp = [], 0, 0, 0, 0, 0
     for seed in range(400):
         groups, hashing, keywords = _aligned_mamba_draw(seed)
         keywords.update(scheduler_block_size=_scheduler_block_size(groups, keywords), hash_block_size=hashing)
         kvcore_says = kvcore_refusal(groups, **keywords)
         vllm_says, manager = vllm_refusal(groups, **keywords)
         accepted += kvcore_says is None
-        if vllm_says is not None and kvcore_says is None:
-            wrong.append(f"seed {seed}: vLLM refuses ({vllm_says}), kvcore accepts")
+        if (vllm_says is None) != (kvcore_says is None):
+            wrong.append(f"seed {seed}: vLLM refuses {vllm_says!r}, kvcore {kvcore_says!r}")
         if manager is not None and kvcore_says is None:
             vllm_sub_block = manager.coordinator.enable_partial_hash_hits
             built = kvcore_config(groups, **keywords)
@@ -192,15 +186,12 @@ def test_kvcore_refuses_what_vllm_refuses_beside_an_align_mode_mamba_group_and_s
             sub_block += kvcore_sub_block
             turned_off += built.states_finer_than_hashes and not kvcore_sub_block
             rswa += kvcore_sub_block and any(g.kind == "rswa" and g.block_size != hashing for g in groups)
+            under_dcp += kvcore_sub_block and built.dcp_world_size > 1 and not built.states_finer_than_hashes
             if vllm_sub_block != kvcore_sub_block:
                 wrong.append(f"seed {seed}: sub-block hits {vllm_sub_block} on vLLM, {kvcore_sub_block} on kvcore")
-        if vllm_says is None and kvcore_says is not None:
-            not_implemented += 1
-            if NOT_IMPLEMENTED not in kvcore_says.describe():
-                wrong.append(f"seed {seed}: vLLM runs it, kvcore refuses not saying it is unimplemented: {kvcore_says}")
     assert not wrong, "\n".join(wrong)
-    assert accepted >= 50 and not_implemented >= 20 and 20 <= sub_block <= accepted - 20
-    assert turned_off >= 10 and rswa >= 5, (turned_off, rswa)
+    assert accepted >= 50 and 20 <= sub_block <= accepted - 20
+    assert turned_off >= 10 and rswa >= 5 and under_dcp >= 5, (turned_off, rswa, under_dcp)
 
 
 def test_a_state_cached_inside_a_block_is_copied_for_the_cache_and_a_later_hit_copies_it_on_write() -> None:
