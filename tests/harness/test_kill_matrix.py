@@ -19,13 +19,12 @@ MAX_SHRUNK_STEPS = 8
 SEED_FAULT_MAX_STEPS = {"fifo-reuse-when-caching-off": 4, "interleaved-external-alloc": 8}
 """The swarm driver has no warm start: its seed-003 repro builds the warm pool from two requests
 (7 steps from the fixed seeds); the manager machine's, from a warm start, is 4 steps."""
+EVENT_FAULTS = ("evicted-block-removal-unreported", "stored-event-repeats-cached-blocks", "reset-unreported")
+"""The KV cache event faults leave the cache itself right: only the event stream's invariants see them."""
 KILLED_BY = {
     # The seed-003 cross-group double allocation shows in the blocks themselves.
     "interleaved-external-alloc": ("no_duplicate_block_ids", "ref_cnt_matches_holders"),
-    # The KV cache event faults leave the cache itself right: only the event stream's invariants see them.
-    "evicted-block-removal-unreported": ("events_match_cache", "events_match_model"),
-    "stored-event-repeats-cached-blocks": ("events_match_cache", "events_match_model"),
-    "reset-unreported": ("events_match_cache", "events_match_model"),
+    **dict.fromkeys(EVENT_FAULTS, ("events_match_cache", "events_match_model")),
 }
 
 
