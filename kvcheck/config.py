@@ -393,6 +393,11 @@ class TargetConfig:
         return any(group.kind == "mamba_align" for group in self.groups)
 
     @property
+    def aligned_mamba_group_ids(self) -> tuple[int, ...]:
+        """The groups that are Mamba in vLLM's ``align`` mode."""
+        return tuple(g for g, group in enumerate(self.groups) if group.kind == "mamba_align")
+
+    @property
     def prefill_checkpoint_alignment(self) -> int | None:
         """The alignment of the prefill checkpoints beside ``mamba_align`` groups, or ``None`` for none:
         vLLM 0.33.0's scheduler plans them when every Mamba group has a checkpoint block, on the first
@@ -458,13 +463,6 @@ class TargetConfig:
         """Hits are a multiple of this many tokens: the hash size with sub-block hits, else the scheduler
         block size."""
         return self.hash_size if self.partial_hits else self.scheduler_block_size
-
-    @property
-    def loads_external_tokens(self) -> bool:
-        """Whether steps take the external tokens operations ask for: not beside an align-mode Mamba group,
-        whose block for their state vLLM 0.33.0's admission does not count (the pool runs dry inside
-        ``allocate_slots``; ``tests/vllm/test_known_defects.py``)."""
-        return not self.has_aligned_mamba
 
     @property
     def runs_spec_decode(self) -> bool:

@@ -444,17 +444,18 @@ def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> Tar
         return config
 
 
-STATES_UNDER_DCP_SHARE = 1 / 3
+STATES_UNDER_DCP_SHARE = 1 / 2
 """Of the draws with prefix caching and align-mode Mamba states that ``_context_parallel`` would shard,
-the share it does (the states' other features keep most of their single-rank draws)."""
+the share it does, over 2 ranks (the states' other features keep most of their single-rank draws)."""
 
 
 def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
     """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws (twice
     that share of the draws with prefix caching that vLLM shards and that hold no align-mode Mamba
     group: every group full attention, as in DeepSeek's layouts, which DCP serves; few hybrid ones are;
-    a third of it with prefix caching beside align-mode Mamba states, where sub-block hits end inside
-    the sharded blocks), the drafter's groups replicated in half of those (a draft model at DCP 1).
+    half of it with prefix caching beside align-mode Mamba states, where sub-block hits end inside
+    the sharded blocks, and over 2 ranks there), the drafter's groups replicated in half of those (a
+    draft model at DCP 1).
     (Drawn last.)  A draw vLLM would refuse (with prefix caching, a sharded group that is not full
     attention) keeps one rank."""
     states_cached = config.enable_caching and config.has_aligned_mamba
@@ -464,6 +465,8 @@ def _context_parallel(rng: random.Random, config: TargetConfig, share: float) ->
     if draw >= share:
         return config
     world = rng.choice([2, 2, 4])
+    if states_cached:
+        world = 2  # smaller sharded blocks: a request fits more often with a hit ending inside one
     groups = config.groups
     if config.eagle_group_ids and rng.random() < 1 / 2:
         groups = tuple(

@@ -394,7 +394,7 @@ class RecordingTarget(VllmTarget):
 
     Each hook makes the same call as ``VllmTarget``'s and writes it first (so a call that raises is
     written too).  ``model_result`` (set by the exporter before each operation) gives the hit the step
-    must find, asserted right after ``get_computed_blocks``.
+    must adopt, asserted once the lookup's hit is cut back where a load supersedes its tail.
     """
 
     def __init__(self, config: TargetConfig) -> None:
@@ -403,6 +403,8 @@ class RecordingTarget(VllmTarget):
         self.model_result = StepResult()
         self.step = 0
         self.names: dict[int, str] = {}
+        self.hit_request_id = ""
+        """The request of the last lookup (``get_computed_blocks``), whose hit the step adopts."""
         self._named: list[object] = []  # keeps named objects alive, so that their ids stay theirs
         self._variables: set[str] = set()
         self._pending_write: PendingWrite | None = None
@@ -486,19 +488,34 @@ class RecordingTarget(VllmTarget):
             call("manager.get_computed_blocks", Atom(variable)),
         )
         hit_blocks, hit_length, raw.shared_prefix_boundary = self.manager.get_computed_blocks(raw)
-        expected = self.model_result
-        if expected.hit_length is not None:
-            rid = raw.request_id
-            self.expect("hit_is_sound_and_maximal", f"hit length of {rid} differs", expected.hit_length, "hit_tokens")
-            if expected.hit_block_ids is not None:
-                blocks = nested_lists(expected.hit_block_ids)
-                self.expect("hit_is_sound_and_maximal", f"hit blocks of {rid} differ", blocks, "block_ids(hit.blocks)")
-        if self.config.partial_hits:
-            # A hit may end inside a block: the step checks that the request does not write the shared block.
-            self.emit(f"step.hit = {_quote(raw.request_id)}, hit, hit_tokens")
         hit = (hit_blocks, hit_length)
         self.register(hit, "hit")
+        self.hit_request_id = raw.request_id
         return hit
+
+    def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
+        self.emit("hit = ", call("manager.truncate_computed_blocks", Atom("hit"), value_node(num_tokens)))
+        self.emit(f"hit_tokens = {num_tokens}")
+        return super()._truncate_computed_blocks(blocks, num_tokens)
+
+    def _adopted_hit(self, hit: tuple[Any, int], hit_length: int) -> tuple[Any, int]:
+        # The hit the step adopts (cut back where a load supersedes its tail) is the one checked and passed on.
+        adopted = super()._adopted_hit(hit, hit_length)
+        self.register(adopted, "hit")
+        expected = self.model_result
+        request_id = self.hit_request_id
+        if expected.hit_length is not None:
+            self.expect(
+                "hit_is_sound_and_maximal", f"hit length of {request_id} differs", expected.hit_length, "hit_tokens"
+            )
+            if expected.hit_block_ids is not None:
+                blocks = nested_lists(expected.hit_block_ids)
+                detail = f"hit blocks of {request_id} differ"
+                self.expect("hit_is_sound_and_maximal", detail, blocks, "block_ids(hit.blocks)")
+        if self.config.partial_hits:
+            # A hit may end inside a block: the step checks that the request does not write the shared block.
+            self.emit(f"step.hit = {_quote(request_id)}, hit, hit_tokens")
+        return adopted
 
     def expect(self, invariant: str, detail: str, expected: object, actual: str) -> None:
         """Write ``step.expect(...)``: vLLM's value, the expression ``actual``, must be ``expected``."""

@@ -1357,3 +1357,31 @@ def plant_hit_blocks_zeroed(manager: kvcore.KVCacheManager) -> None:
 
 def plant_async_load_blocks_zeroed(manager: kvcore.KVCacheManager) -> None:
     zero_asynchronous_loads(manager.coordinator.managers)
+
+
+def keep_state_hits_whole(
+    manager: Any, state_managers: Sequence[Any], groups_of: Callable[[Any], Sequence[Any]], wrap: Callable[[Any], Any]
+) -> None:
+    """``truncate_computed_blocks`` cuts every group's hit back but those of ``state_managers``, which it
+    returns whole (``groups_of``: a hit's blocks per group; ``wrap``: blocks per group as the manager
+    returns them)."""
+    truncate = manager.truncate_computed_blocks
+    kept = {id(group_manager) for group_manager in state_managers}
+    group_managers = list(getattr(manager.coordinator, "single_type_managers", None) or manager.coordinator.managers)
+
+    def truncate_computed_blocks(blocks: Any, num_computed_tokens: int) -> Any:
+        cut = groups_of(truncate(blocks, num_computed_tokens))
+        # The bug: the cut is made in the attention groups only, and an align-mode Mamba group keeps the
+        # state the hit ended on, past the endpoint the load starts from.
+        return wrap(
+            tuple(
+                list(whole) if id(group_manager) in kept else list(part)
+                for group_manager, whole, part in zip(group_managers, groups_of(blocks), cut, strict=True)
+            )
+        )
+
+    manager.truncate_computed_blocks = truncate_computed_blocks
+
+
+def plant_truncated_hit_keeps_its_state(manager: kvcore.KVCacheManager) -> None:
+    keep_state_hits_whole(manager, aligned_mamba_managers(manager), lambda blocks: blocks, lambda blocks: blocks)

@@ -377,6 +377,13 @@ FAULTS: dict[str, Fault] = {
             "ignored): the worker's zeroing races the load that writes them",
             plants.plant_async_load_blocks_zeroed,
         ),
+        Fault(
+            "truncated-hit-keeps-its-state",
+            "a sub-block hit cut back to a block boundary for a connector's load keeps its align-mode Mamba "
+            "state: the state the hit ended on stays in the request's table past the endpoint, and the load's "
+            "state is written into that block, cached under the shorter prefix a later hit reads",
+            plants.plant_truncated_hit_keeps_its_state,
+        ),
     )
 }
 

@@ -3,8 +3,9 @@
 Operations are plain frozen values.  A target adapter and the reference model
 both interpret them; traces store them as JSON.  The scheduler-side rules
 that turn an operation into allocator calls (how many tokens a step computes,
-how many are loaded externally, where a prefill chunk ends beside an
-align-mode Mamba group) are in :func:`plan_step` and :func:`plan_async_load`,
+how many are loaded externally and whether they supersede a sub-block hit,
+where a prefill chunk ends beside an align-mode Mamba group) are in
+:func:`plan_step` and :func:`plan_async_load`,
 shared by every interpreter so that targets and model cannot disagree about
 them.
 """
@@ -233,10 +234,13 @@ def describe_op(op: Operation) -> str:
 
 @attrs.frozen
 class ScheduleAmounts:
-    """Tokens a scheduler step adopts and computes."""
+    """Tokens a scheduler step adopts and computes: ``hit_length`` is the local hit a waiting request
+    adopts (``None`` for a running one), the lookup's or cut back to a block boundary where the
+    external tokens supersede its sub-block tail (:func:`plan_load`)."""
 
     num_new_tokens: int
     num_external_tokens: int
+    hit_length: int | None = None
 
 
 def plan_schedule(
@@ -255,7 +259,38 @@ def plan_schedule(
         return ScheduleAmounts(min(op.num_new_tokens, num_tokens + num_output_placeholders - num_computed_tokens), 0)
     external = max(0, min(op.num_external_tokens, num_tokens - 1 - hit_length))
     new = min(op.num_new_tokens, num_tokens - hit_length - external)
-    return ScheduleAmounts(new, external)
+    return ScheduleAmounts(new, external, hit_length)
+
+
+def plan_load(config: TargetConfig, num_tokens: int, hit_length: int, requested: int) -> tuple[int, int]:
+    """The local hit a waiting request adopts and the external tokens a connector loads after it, as
+    vLLM 0.33.0's scheduler settles them (``hit_length``: the lookup's hit; ``requested``: the tokens
+    the connector has past the hit's last block boundary, never the request's last token).
+
+    The connector is asked past the hit's last scheduler block boundary.  A hit ending inside a
+    block (a sub-block hit) is cut back to that boundary (``truncate_computed_blocks``) when the
+    load reaches past its end, so the load covers the tail and no block is copied; otherwise the
+    hit is kept whole and nothing is loaded.  Beside an align-mode Mamba group the load is trimmed
+    until its end lies inside a block of every such group (:func:`ends_inside_state_blocks`)."""
+    tail = hit_length % config.scheduler_block_size
+    aligned = hit_length - tail
+    external = max(0, min(requested, num_tokens - 1 - aligned))
+    while external > 0 and not ends_inside_state_blocks(config, aligned + external):
+        external -= 1
+    if not tail:
+        return hit_length, external
+    return (aligned, external) if external > tail else (hit_length, 0)
+
+
+def ends_inside_state_blocks(config: TargetConfig, num_tokens: int) -> bool:
+    """Whether ``num_tokens`` tokens end inside a block (not on its boundary) of every align-mode Mamba
+    group.  vLLM 0.33.0's admission counts one new block for such a group's state, but external
+    tokens take a block of their own for their last state first: a step that computes past that
+    block takes a second one nobody counted, and the pool can run dry inside ``allocate_slots``
+    (``tests/vllm/test_known_defects.py``).  kvcheck's drivers load external tokens beside such a
+    group only where the load's last state and the step's share one block: the load ends inside a
+    block, and the step's chunk ends in it (:func:`plan_step`)."""
+    return all(num_tokens % config.group_block_size(g) for g in config.aligned_mamba_group_ids)
 
 
 def split_at_mamba_states(
@@ -359,23 +394,27 @@ def plan_step(
     hit_length: int | None,
     num_output_placeholders: int = 0,
 ) -> ScheduleAmounts:
-    """:func:`plan_schedule` as ``config`` schedules: no external tokens where it loads none, and prefill
-    chunks split at Mamba states beside an align-mode group (:func:`split_at_mamba_states`)."""
-    if not config.loads_external_tokens:
-        op = attrs.evolve(op, num_external_tokens=0)
+    """:func:`plan_schedule` as ``config`` schedules: a waiting request's hit and external tokens settled
+    by :func:`plan_load`, and beside an align-mode Mamba group a chunk after a load ending in the load's
+    last state block, and prefill chunks split at Mamba states (:func:`split_at_mamba_states`)."""
+    if hit_length is not None:
+        hit_length, external = plan_load(config, num_tokens, hit_length, op.num_external_tokens)
+        op = attrs.evolve(op, num_external_tokens=external)
     amounts = plan_schedule(op, num_tokens, num_computed_tokens, hit_length, num_output_placeholders)
     if not config.has_aligned_mamba:
         return amounts
     start = num_computed_tokens + (hit_length or 0) + amounts.num_external_tokens
+    if amounts.num_external_tokens:
+        # The step's chunk ends in the block holding the load's last state, in every align-mode group.
+        end = min(-(-start // size) * size for size in map(config.group_block_size, config.aligned_mamba_group_ids))
+        amounts = attrs.evolve(amounts, num_new_tokens=min(amounts.num_new_tokens, end - start))
     return split_at_mamba_states(amounts, op, start, num_tokens, num_prompt_tokens, shared_prefix_boundary, config)
 
 
-def plan_async_load(op: StartAsyncLoad, config: TargetConfig, num_tokens: int, hit_length: int) -> int:
-    """The tokens an asynchronous load brings after a waiting request's hit: never its last token, and
-    none where ``config`` loads no external tokens."""
-    if not config.loads_external_tokens:
-        return 0
-    return min(op.num_external_tokens, num_tokens - 1 - hit_length)
+def plan_async_load(op: StartAsyncLoad, config: TargetConfig, num_tokens: int, hit_length: int) -> tuple[int, int]:
+    """The hit a waiting request adopts and the tokens an asynchronous load brings after it
+    (:func:`plan_load`): never its last token."""
+    return plan_load(config, num_tokens, hit_length, op.num_external_tokens)
 
 
 @attrs.frozen

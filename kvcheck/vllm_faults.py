@@ -22,6 +22,7 @@ from kvcheck.fault_plants import (
     first_run_state,
     forget_states_cached_this_step,
     ignore_prefill_end,
+    keep_state_hits_whole,
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
@@ -706,6 +707,12 @@ def _async_load_blocks_zeroed(manager: Any) -> None:
     zero_asynchronous_loads(manager.coordinator.single_type_managers)
 
 
+def _truncated_hit_keeps_its_state(manager: Any) -> None:
+    keep_state_hits_whole(
+        manager, _align_mode_mamba_managers(manager), lambda blocks: blocks.blocks, manager.create_kv_cache_blocks
+    )
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -951,6 +958,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "async-load-blocks-zeroed",
             "vLLM allocate_external_computed_blocks recording for zeroing whatever record_for_zeroing says",
             _async_load_blocks_zeroed,
+        ),
+        Fault(
+            "truncated-hit-keeps-its-state",
+            "vLLM KVCacheManager.truncate_computed_blocks slicing the attention groups only (an align-mode "
+            "Mamba group's hit returned whole)",
+            _truncated_hit_keeps_its_state,
         ),
     )
 }

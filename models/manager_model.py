@@ -159,6 +159,11 @@ class ManagerModel:
         state under one of them before the next step starts (its state is not computed yet)."""
         self.hits_deferred = 0
         """Schedules refused because their Mamba hit was a state cached in the same step."""
+        self.hits_cut_back = 0
+        """Sub-block hits cut back to a block boundary because external tokens reach past them."""
+        self.found_hit_tokens = 0
+        """The hit the last schedule's lookup found, in tokens, before any cut back (0 where it looked up
+        nothing: a running request's)."""
         self.junction_states_cached = 0
         """States an align-mode Mamba group entered at the end of a shared prefix (the shared-prefix
         checkpoint)."""
@@ -189,6 +194,14 @@ class ManagerModel:
     def num_hashed_blocks(self, request_id: str, group_id: int = 0) -> int:
         """Blocks of group ``group_id`` the request has a hash for."""
         return self.num_hashed_tokens(request_id) // self.block_sizes[group_id]
+
+    def truncate_hit(self, hit_ids: GroupIds, num_tokens: int) -> GroupIds:
+        """A hit's blocks cut back to its first ``num_tokens`` tokens, a boundary of every group's blocks
+        (``truncate_computed_blocks``): a Mamba group keeps what it has up to there."""
+        return tuple(
+            () if group.kind in UNCACHED_KINDS else hit[: num_tokens // self.block_sizes[group_id]]
+            for group_id, (group, hit) in enumerate(zip(self.groups, hit_ids, strict=True))
+        )
 
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
         """The longest block-aligned prefix, below the last token, that every group finds cached.
@@ -527,6 +540,7 @@ class ManagerModel:
         rid = op.request_id
         request = self.requests[rid]
         num_groups = len(self.groups)
+        self.found_hit_tokens = 0
         if request.loading:
             return StepResult()
         if self.pipeline.full():
@@ -540,6 +554,7 @@ class ManagerModel:
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
+        self.found_hit_tokens = hit_length
         amounts = plan_step(
             op,
             self.config,
@@ -550,6 +565,9 @@ class ManagerModel:
             hit_length if waiting else None,
             placeholders,
         )
+        if waiting and amounts.hit_length is not None and amounts.hit_length != hit_length:
+            hit_length, hit_ids = amounts.hit_length, self.truncate_hit(hit_ids, amounts.hit_length)
+            self.hits_cut_back += 1
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
         main_model_tokens = total_computed + amounts.num_new_tokens
@@ -626,7 +644,9 @@ class ManagerModel:
             watermark = int(config.watermark * config.num_blocks) if others_run else 0
             reserved = config.reserved_blocks
             if config.reserve_full_sequence:
-                whole = self._blocks_needed(rid, waiting, hit_ids, total_computed, len(request.tokens), cap=True)
+                whole = self._blocks_needed(
+                    rid, waiting, hit_ids, total_computed, external, len(request.tokens), cap=True
+                )
                 if whole + watermark > len(self.pool.free_order):
                     return None
         # Blocks that left every future token's window are released whether
@@ -636,7 +656,7 @@ class ManagerModel:
 
         # Admission: the step fits when the free queue holds every block it
         # takes: new blocks for the tables, plus hit blocks now sitting free.
-        taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, slots, cap=False, main=main)
+        taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, external, slots, cap=False, main=main)
         if taken + watermark > len(self.pool.free_order) - reserved:
             return None
 
@@ -653,7 +673,7 @@ class ManagerModel:
                 table.extend([NULL] * num_skipped + kept_hits)
                 self.num_cached[(rid, group_id)] = len(table)
                 block_size = self.block_sizes[group_id]
-                if self._hit_ends_inside_block(kept_hits, total_computed, block_size):
+                if self._hit_ends_inside_block(kept_hits, total_computed - external, block_size):
                     # The shared block is copied to one of the request's own before it writes there.
                     position = total_computed // block_size
                     self.copy_pending[(rid, group_id)] = (position, kept_hits[-1])
@@ -676,20 +696,22 @@ class ManagerModel:
         waiting: bool,
         hit_ids: GroupIds,
         total_computed: int,
+        external: int,
         num_tokens: int,
         cap: bool,
         main: int | None = None,
     ) -> int:
         """Free blocks the request takes to have ``num_tokens`` slots (``main`` of them the main
-        model's): new blocks for the tables, plus hit blocks now sitting free.  With ``cap``, a group
-        that frees blocks as it goes counts at most what a request holds at once with
-        ``max_in_flight_tokens`` tokens in flight.  An align-mode Mamba group counts one new block when
-        the main model's slots reach past its table (hit included), and the shortfall (as a negative
-        count, vLLM 0.33.0 sums it) when its table reaches past them."""
+        model's; ``external`` of its ``total_computed`` tokens loaded): new blocks for the tables, plus
+        hit blocks now sitting free.  With ``cap``, a group that frees blocks as it goes counts at most
+        what a request holds at once with ``max_in_flight_tokens`` tokens in flight.  An align-mode
+        Mamba group counts one new block when the main model's slots reach past its table (hit
+        included), and the shortfall (as a negative count, vLLM 0.33.0 sums it) when its table reaches
+        past them."""
         taken = 0
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
-            copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed, block_size)
+            copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed - external, block_size)
             if group.kind == "mamba_align":
                 hit = hit_ids[group_id] if waiting else ()
                 if hit and self.pool.cache.get(hit[-1]) in self.cached_this_step:
@@ -763,8 +785,8 @@ class ManagerModel:
         return reusable_boundary(num_tokens, step, self.config.num_hash_lookahead_tokens, self.config.use_eagle)
 
     def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:
-        """Whether a waiting request's hit in a group ends inside one of its blocks (only with sub-block
-        hits, where no tokens are loaded: ``hit_tokens`` is then the hit)."""
+        """Whether a waiting request's hit of ``hit_tokens`` tokens (its computed tokens but the loaded
+        ones) in a group ends inside one of its blocks (only with sub-block hits)."""
         return self.partial_hits and bool(hit) and hit_tokens % block_size != 0
 
     def _admission_cap(self, group: GroupSpec, block_size: int) -> int | None:
@@ -1148,9 +1170,12 @@ class ManagerModel:
         hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
         if self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
-        external = plan_async_load(op, self.config, len(request.tokens), hit_length)
+        adopted, external = plan_async_load(op, self.config, len(request.tokens), hit_length)
         if external <= 0:
             return StepResult()
+        if adopted != hit_length:
+            hit_length, hit_ids = adopted, self.truncate_hit(hit_ids, adopted)
+            self.hits_cut_back += 1
         total_computed = request.num_computed_tokens + hit_length + external
         new_ids = self._allocate(rid, True, hit_ids, total_computed, external, total_computed, load_lands_later=True)
         if new_ids is None:

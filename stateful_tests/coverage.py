@@ -76,6 +76,8 @@ STATE_HIT_BESIDE_WINDOW = "prefix hit on a Mamba state beside local attention"
 STATE_HIT_WITH_SUB_BLOCK_HITS_OFF = "prefix hit on a Mamba state with sub-block hits off beside a window hashed finer"
 RSWA_HIT_INSIDE_BLOCK = "hit ending inside an R-SWA block copied on write"
 STATE_HIT_INSIDE_SHARDED_BLOCK = "prefix hit on a Mamba state ending inside a block sharded over DCP ranks"
+EXTERNAL_BESIDE_STATES = "external tokens loaded beside an align-mode Mamba group"
+SUB_BLOCK_HIT_CUT_BACK = "sub-block hit cut back to a block boundary for external tokens"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -90,10 +92,13 @@ ALIGN_FEATURE_LABELS = (
     HIT_INSIDE_BLOCK_BESIDE_DRAFTER,
     SHARED_PREFIX_STATE_CACHED,
     STATE_HIT_INSIDE_SHARDED_BLOCK,
+    EXTERNAL_BESIDE_STATES,
+    SUB_BLOCK_HIT_CUT_BACK,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
 beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
-requests, sub-block hits inside blocks sharded over decode context parallel ranks."""
+requests, sub-block hits inside blocks sharded over decode context parallel ranks, a connector's external
+tokens (and the sub-block hits they supersede)."""
 
 SAMBA_LABELS = (STATE_HIT_BESIDE_WINDOW, STATE_HIT_WITH_SUB_BLOCK_HITS_OFF, RSWA_HIT_INSIDE_BLOCK)
 """The labels of Mamba states beside local attention (the ``samba`` layout): sub-block hits off beside a
@@ -256,6 +261,7 @@ class BeforeStep:
     checkpoints_held_back: int
     hits_deferred: int
     junction_states_cached: int
+    hits_cut_back: int
 
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
@@ -285,6 +291,7 @@ class BeforeStep:
             model.checkpoints_held_back,
             model.hits_deferred,
             model.junction_states_cached,
+            model.hits_cut_back,
         )
 
 
@@ -324,13 +331,19 @@ def _fits_without_lookahead(model: ManagerModel, refused: Operation) -> bool:
 
 def _speculative_groups(model: ManagerModel, refused: Operation) -> list[int]:
     """The Mamba groups whose speculative blocks a refused step counts: every ``none``-mode group's, and an
-    align-mode group's on the request's first allocation only (a waiting request's)."""
-    request = model.requests.get(getattr(refused, "request_id", ""))
-    first_allocation = request is not None and request.waiting
+    align-mode group's on the request's first allocation only (a waiting request's that holds no blocks
+    there yet: not one whose asynchronous load took them)."""
+    request_id = getattr(refused, "request_id", "")
+    request = model.requests.get(request_id)
+    waiting = request is not None and request.waiting
     return [
         group_id
         for group_id, group in enumerate(model.groups)
-        if group.speculative_blocks and (group.kind == "mamba" or (group.kind == "mamba_align" and first_allocation))
+        if group.speculative_blocks
+        and (
+            group.kind == "mamba"
+            or (group.kind == "mamba_align" and waiting and (request_id, group_id) not in model.mamba_allocated)
+        )
     ]
 
 
@@ -450,6 +463,9 @@ def step_labels(
             labels.append(SHARED_PREFIX_RECORDED)
     if isinstance(op, Schedule) and result.admitted and result.hit_length and model.config.dcp_world_size > 1:
         labels.append(CONTEXT_PARALLEL_HIT)
+    if isinstance(op, Schedule) and model.aligned_mamba and _ends_inside_a_sharded_block(model, model.found_hit_tokens):
+        # The lookup found it (the sub-block rule under DCP at work), whether or not the step fits.
+        labels.append(STATE_HIT_INSIDE_SHARDED_BLOCK)
     if isinstance(op, Schedule) and result.admitted and model.aligned_mamba:
         if result.hit_length:
             labels.append(MAMBA_ALIGN_HIT)
@@ -466,10 +482,10 @@ def step_labels(
             labels.append(CHECKPOINT_BESIDE_DRAFTER)
         if result.hit_length and model.partial_hits and _drop_ends_inside_a_block(model, result.hit_length):
             labels.append(HIT_INSIDE_BLOCK_BESIDE_DRAFTER)
-        if result.hit_length and _ends_inside_a_sharded_block(model, result.hit_length):
-            labels.append(STATE_HIT_INSIDE_SHARDED_BLOCK)
         if model.checkpoints_held_back > before.checkpoints_held_back:
             labels.append(CHECKPOINT_HELD_FOR_PREFILL_END)
+        if result.num_external_tokens:
+            labels.append(EXTERNAL_BESIDE_STATES)
         labels.extend(_window_beside_states_labels(model, result.hit_length or 0, bool(result.block_copies)))
     if model.states_thinned > before.states_thinned:
         labels.append(STATE_THINNED_BY_RETENTION)
@@ -477,6 +493,9 @@ def step_labels(
         labels.append(SHARED_PREFIX_STATE_CACHED)
     if result.admitted is False and model.hits_deferred > before.hits_deferred:
         labels.append(STATE_HIT_DEFERRED)
+    if model.hits_cut_back > before.hits_cut_back:
+        # The hit is cut back (``truncate_computed_blocks``) before the allocation, whether or not it fits.
+        labels.append(SUB_BLOCK_HIT_CUT_BACK)
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
     if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):

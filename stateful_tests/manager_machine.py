@@ -135,15 +135,18 @@ def manager_machine(
             sampled_token=tokens,
         )
         def schedule(self, request_id: str, num_new_tokens: int, num_external_tokens: int, sampled_token: int) -> None:
-            """One scheduler step of a request.  Beside an align-mode Mamba group, with synchronous scheduling,
-            a step is joined by the waiting request sharing the longest prefix with it (vLLM's ``schedule()``
-            admitting several in one pass), which may not hit a state the first cached in the step: when the
-            drawn external tokens are even (no external tokens are loaded beside such a group).  The joining
+            """One scheduler step of a request.  Beside an align-mode Mamba group a connector loads the drawn
+            external tokens when they are odd, or when the request's lookup ends inside a block (a sub-block
+            hit, which the load cuts back when it reaches past the hit, or else keeps whole: both are
+            rare otherwise); otherwise it loads none, and, with synchronous scheduling, the step is joined
+            by the waiting request sharing the longest prefix with it (vLLM's ``schedule()`` admitting
+            several in one pass), which may not hit a state the first cached in the step.  The joining
             request is chosen from what was drawn, not drawn itself, so the search over every other
             configuration stays as it is."""
-            self._step(Schedule(request_id, num_new_tokens, num_external_tokens, sampled_token))
             model = self.lockstep.model
-            if num_external_tokens % 2 or not model.aligned_mamba or self.lockstep.config.async_scheduling:
+            loads = num_external_tokens % 2 or not model.aligned_mamba or self._lookup_ends_inside_a_block(request_id)
+            self._step(Schedule(request_id, num_new_tokens, num_external_tokens if loads else 0, sampled_token))
+            if loads or self.lockstep.config.async_scheduling:
                 return
             scheduled = model.requests.get(request_id)
             waiting = [r for r, request in model.requests.items() if r != request_id and request.waiting]
@@ -156,6 +159,18 @@ def manager_machine(
                 return (min(len(tokens), len(scheduled.tokens)) if common is None else common, int(other[1:]))
 
             self._step(Schedule(max(waiting, key=shared), num_new_tokens, 0, sampled_token, same_step=True))
+
+        def _lookup_ends_inside_a_block(self, request_id: str) -> bool:
+            """Whether a waiting request's lookup finds a hit ending inside a scheduler block (the model's lookup;
+            the shared prefix it records is put back)."""
+            model = self.lockstep.model
+            request = model.requests.get(request_id)
+            if request is None or request.running or request.loading or not model.partial_hits:
+                return False
+            boundary = request.shared_prefix_boundary
+            hit_length, _ = model.find_hit(request_id)
+            request.shared_prefix_boundary = boundary
+            return bool(hit_length % model.config.scheduler_block_size)
 
         @rule(request_id=requests, chunk_blocks=st.integers(1, 3), sampled_token=tokens)
         def chunked_prefill(self, request_id: str, chunk_blocks: int, sampled_token: int) -> None:

@@ -91,6 +91,9 @@ class KvcoreTarget(SchedulerDrivenTarget):
     def _get_computed_blocks(self, request: kvcore.Request) -> tuple[Any, int]:
         return self.manager.get_computed_blocks(request)
 
+    def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
+        return self.manager.truncate_computed_blocks(blocks, num_tokens)
+
     def _allocate_slots(
         self,
         request: kvcore.Request,

@@ -89,6 +89,10 @@ class SchedulerDrivenTarget:
         """``allocate_slots``; ``hit`` is ``None`` for a running request. Returns the new blocks or ``None``."""
         raise NotImplementedError
 
+    def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
+        """``truncate_computed_blocks``: a hit's blocks cut back to its first ``num_tokens`` tokens."""
+        raise NotImplementedError
+
     def _free(self, request: Any) -> None:
         raise NotImplementedError
 
@@ -260,7 +264,6 @@ class SchedulerDrivenTarget:
         if not op.same_step:
             self._new_step_starts()
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
-        hit_length = hit[1] if hit is not None else 0
         amounts = plan_step(
             op,
             self.config,
@@ -271,6 +274,9 @@ class SchedulerDrivenTarget:
             hit[1] if hit else None,
             placeholders,
         )
+        if hit is not None and amounts.hit_length is not None:
+            hit = self._adopted_hit(hit, amounts.hit_length)
+        hit_length = hit[1] if hit is not None else 0
         lookahead = self.config.num_lookahead_tokens
         new_blocks = self._allocate_slots(request, amounts.num_new_tokens, hit, amounts.num_external_tokens, lookahead)
         hit_ids = self._block_ids(hit[0]) if hit is not None else None
@@ -346,10 +352,10 @@ class SchedulerDrivenTarget:
             return StepResult()
         self._new_step_starts()
         hit = self._get_computed_blocks(request)
-        hit_length = hit[1]
-        external = plan_async_load(op, self.config, request.num_tokens, hit_length)
+        hit_length, external = plan_async_load(op, self.config, request.num_tokens, hit[1])
         if external <= 0:
             return StepResult()
+        hit = self._adopted_hit(hit, hit_length)
         new_blocks = self._allocate_slots(request, 0, hit, external, 0, delay_cache_blocks=True)
         hit_ids = self._block_ids(hit[0])
         if new_blocks is None:
@@ -364,6 +370,13 @@ class SchedulerDrivenTarget:
             num_external_tokens=external,
             num_slots=request.num_computed_tokens,
         )
+
+    def _adopted_hit(self, hit: tuple[Any, int], hit_length: int) -> tuple[Any, int]:
+        """The lookup's ``hit``, cut back to its first ``hit_length`` tokens where external tokens
+        supersede its sub-block tail (``truncate_computed_blocks``, as vLLM's scheduler cuts it)."""
+        if hit_length == hit[1]:
+            return hit
+        return self._truncate_computed_blocks(hit[0], hit_length), hit_length
 
     def _process_output(self) -> None:
         def append(request: Any, token: int) -> None:

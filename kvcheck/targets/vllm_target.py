@@ -318,6 +318,9 @@ class VllmTarget(SchedulerDrivenTarget):
         hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
         return hit_blocks, hit_length
 
+    def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
+        return self.manager.truncate_computed_blocks(blocks, num_tokens)
+
     def _allocate_slots(
         self,
         request: Any,

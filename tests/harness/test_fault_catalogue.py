@@ -514,6 +514,15 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("a", tuple(range(7))), Schedule("a", 4), Schedule("a", 3)],
         "cache_matches_model",
     ),
+    # r0 caches its state after 6 tokens inside Mamba block 1 (4-token blocks hashed every 2); r1 hits those
+    # 6 tokens, and a connector loads 3 past the scheduler block boundary at 4: the hit is cut back to 4
+    # (the load covers its tail) and Mamba keeps nothing of it.  Keeping its hit whole, the Mamba group
+    # takes the cached block of the state after 6 tokens for the state the load ends on.
+    "truncated-hit-keeps-its-state": (
+        CHECKPOINTS_INSIDE_BLOCKS,
+        [*PRODUCER_STEPS, AddRequest("r1", (1, 2, 3, 4, 5, 6, 9, 9, 9, 9)), Schedule("r1", 4, 3)],
+        "hit_is_sound_and_maximal",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (

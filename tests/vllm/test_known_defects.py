@@ -40,8 +40,9 @@ def test_external_tokens_beside_an_align_mode_mamba_group_are_not_counted_at_adm
     block: a 10-token request loading 8 external tokens in 2-token blocks is admitted by a pool of 7
     blocks (6 free: 5 counted for full attention, 1 for Mamba); full attention takes its 5, Mamba
     the external tokens' block, and the pool is dry for Mamba's new block: ``get_new_blocks`` raises
-    ``ValueError`` inside ``allocate_slots``.  kvcheck's drivers load no external tokens beside an
-    align-mode Mamba group (``TargetConfig.loads_external_tokens``)."""
+    ``ValueError`` inside ``allocate_slots``.  Beside an align-mode Mamba group kvcheck's drivers trim a
+    load until it ends inside a block of the group and end the step's chunk in that block, so that the
+    load's state and the step's share the one block counted (``kvcheck.ops.ends_inside_state_blocks``)."""
     manager = make_manager([GroupSpec("full"), GroupSpec("mamba_align")], 7, 2, True)
     request = make_request("a", list(range(10)), 2)
     with pytest.raises(ValueError, match="Cannot get"):
