@@ -5,9 +5,9 @@ names, one at a time (kvcore, vLLM, or both for ``kvcore+vllm``: a bug planted
 into one side of a differential target would fail ``targets_agree`` rather
 than the seed's invariant).  A ``package.module:factory`` allocator cannot
 carry kvcheck's plants, so for it the machine's reach is checked on kvcore.  The machine runs with fixed settings,
-whatever profile is loaded: seeded from several fixed seeds, the ``dev``
-budget each (1,000 examples; a planted seed bug is found in a second or two,
-so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
+whatever profile is loaded: seeded from several fixed seeds, four times the
+``dev`` budget each (4,000 examples; a planted seed bug is usually found in
+seconds, so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
 before in the process (:func:`kvcheck.stateful_tests.profiles.pin_generation_constants`),
 and shrinking is kvcheck's own, which is deterministic and not bounded by
 time, so the outcome is the same under any ``-n``, test order or load.
@@ -28,8 +28,11 @@ from kvcheck.targets import component_allocators
 
 SEEDS = (0, 1, 2)
 
-SEARCH = settings(PROFILES["ci"], max_examples=PROFILES["dev"].max_examples)
-"""The dev budget: over 60 seeds, every search caught the cross-group double allocation."""
+SEARCH = settings(PROFILES["ci"], max_examples=4 * PROFILES["dev"].max_examples)
+"""Four times the dev budget.  Within the dev budget the cross-group double allocation is caught from
+most seeds, not all (seeds 3 to 8: five of six, the same before and after the drivers began loading
+external tokens beside align-mode Mamba groups; seed 2 now needs some 3,000 examples): an unlucky
+search takes longer, and the budget only bounds it."""
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
