@@ -1360,14 +1360,17 @@ def plant_async_load_blocks_zeroed(manager: kvcore.KVCacheManager) -> None:
 
 
 def keep_state_hits_whole(
-    manager: Any, state_managers: Sequence[Any], groups_of: Callable[[Any], Sequence[Any]], wrap: Callable[[Any], Any]
+    manager: Any,
+    group_managers: Sequence[Any],
+    state_managers: Sequence[Any],
+    groups_of: Callable[[Any], Sequence[Any]],
+    wrap: Callable[[Any], Any],
 ) -> None:
-    """``truncate_computed_blocks`` cuts every group's hit back but those of ``state_managers``, which it
-    returns whole (``groups_of``: a hit's blocks per group; ``wrap``: blocks per group as the manager
-    returns them)."""
+    """``truncate_computed_blocks`` cuts every group's hit back but those of ``state_managers`` (among the
+    manager's ``group_managers``, in group order), which it returns whole (``groups_of``: a hit's blocks
+    per group; ``wrap``: blocks per group as the manager returns them)."""
     truncate = manager.truncate_computed_blocks
     kept = {id(group_manager) for group_manager in state_managers}
-    group_managers = list(getattr(manager.coordinator, "single_type_managers", None) or manager.coordinator.managers)
 
     def truncate_computed_blocks(blocks: Any, num_computed_tokens: int) -> Any:
         cut = groups_of(truncate(blocks, num_computed_tokens))
@@ -1384,4 +1387,10 @@ def keep_state_hits_whole(
 
 
 def plant_truncated_hit_keeps_its_state(manager: kvcore.KVCacheManager) -> None:
-    keep_state_hits_whole(manager, aligned_mamba_managers(manager), lambda blocks: blocks, lambda blocks: blocks)
+    keep_state_hits_whole(
+        manager,
+        manager.coordinator.managers,
+        aligned_mamba_managers(manager),
+        lambda blocks: blocks,
+        lambda blocks: blocks,
+    )

@@ -709,7 +709,11 @@ def _async_load_blocks_zeroed(manager: Any) -> None:
 
 def _truncated_hit_keeps_its_state(manager: Any) -> None:
     keep_state_hits_whole(
-        manager, _align_mode_mamba_managers(manager), lambda blocks: blocks.blocks, manager.create_kv_cache_blocks
+        manager,
+        manager.coordinator.single_type_managers,
+        _align_mode_mamba_managers(manager),
+        lambda blocks: blocks.blocks,
+        manager.create_kv_cache_blocks,
     )
 
 
