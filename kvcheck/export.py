@@ -41,7 +41,7 @@ import enum
 import keyword
 import re
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -573,6 +573,20 @@ class RecordingTarget(VllmTarget):
             self.emit("step.copies = manager.take_kv_cache_block_copies()[0]")
         return copies, retained
 
+    def _take_state_offloads(self) -> Mapping[str, Sequence[tuple[int, int, int]]]:
+        if self.config.aligned_mamba_group_ids:
+            # After every operation, as VllmTarget.apply drains them.
+            self.emit("step.offload(manager.take_boundary_state_offloads())")
+        return super()._take_state_offloads()
+
+    def _finalize_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        if self.config.aligned_mamba_group_ids:
+            variable = self.variable(request)
+            self.emit(
+                f"step.offload({{{_quote(request.request_id)}: manager.finalize_partial_tail_offloads({variable})}})"
+            )
+        return super()._finalize_tail_offloads(unwrap(request))
+
     def _take_new_block_ids(self) -> list[int]:
         if self.config.needs_zeroing:
             # After every operation, as VllmTarget.apply drains them.
@@ -744,6 +758,8 @@ def _check_call(
         kwargs["copies"] = value_node([list(copy) for copy in result.block_copies])
     if recorder.config.needs_zeroing:
         kwargs["zeroed"] = value_node(list(result.zeroed_block_ids))
+    if recorder.config.aligned_mamba_group_ids:
+        kwargs["offloads"] = value_node([list(offload) for offload in result.state_offloads])
     tables = {rid: nested_lists(model.tables[rid]) for rid in sorted(model.tables)}
     kwargs["tables"] = value_node(tables)
     kwargs["free"] = value_node(list(model.free_order))
@@ -1242,6 +1258,7 @@ class Step:
         self.hit: object = UNSET
         self.copies: object = UNSET
         self.zeroed: object = UNSET
+        self.offloads: list[list[object]] = []
 
     def __enter__(self) -> Step:
         return self
@@ -1254,6 +1271,10 @@ class Step:
             if vllm.__version__ != EXPORTED_AGAINST_VLLM:
                 version += f" (this test was exported against vLLM {EXPORTED_AGAINST_VLLM})"
             self.fail("target_raised", f"{version} raised {type(error).__name__}: {error}")
+
+    def offload(self, offloads: dict[str, list[tuple[int, int, int]]]) -> None:
+        """Keep boundary states the allocator offered a KV connector, as [request, group, block id, tokens]."""
+        self.offloads += [[request_id, *offload] for request_id, entries in offloads.items() for offload in entries]
 
     def fail(self, invariant: str, detail: str, *values: object) -> NoReturn:
         """Raise the violation of ``invariant``; ``values`` are the expected and the actual value, if any."""
@@ -1286,6 +1307,7 @@ class Step:
         in_flight: Sequence[tuple[str, list[list[int]]]] = (),
         copies: list[list[int]] | None = None,
         zeroed: list[int] | None = None,
+        offloads: list[list[object]] | None = None,
     ) -> None:
         """Check vLLM after the step, in the order kvcheck checks its invariants (so the first failure names
         the invariant kvcheck reports): vLLM's own consistency, then the state kvcheck's model predicts.
@@ -1297,6 +1319,7 @@ class Step:
         freed yet; ``prompt_lengths`` each request's prompt length (with R-SWA groups); ``in_flight`` the
         block ids each step still in flight reads and writes, per group; ``copies`` the (source,
         destination) block copies the step queued; ``zeroed`` the blocks it hands the worker to zero.
+        ``offloads`` the boundary states offered a KV connector, as [request, group, block id, tokens].
         """
         pool = manager.block_pool
         actual_tables = block_tables(manager)
@@ -1347,6 +1370,9 @@ class Step:
         self.expect("cache_matches_model", "cached (group, block id) pairs differ", cached, actual_cached)
         actual_reset = None if self.reset is UNSET else bool(self.reset)
         self.expect("reset_refused_only_while_held", "reset result differs", reset_done, actual_reset)
+        if offloads is not None:
+            detail = "the boundary states offered a connector differ from the model's"
+            self.expect("state_offloads_well_formed", detail, offloads, self.offloads)
         null = pool.null_block
         standing = (null.block_id, null.is_null, null.prev_free_block is None, null.next_free_block is None)
         detail = "the null block is not block 0, marked null and out of the free queue"

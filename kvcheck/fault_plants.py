@@ -1386,6 +1386,40 @@ def keep_state_hits_whole(
     manager.truncate_computed_blocks = truncate_computed_blocks
 
 
+def offer_written_blocks_for_their_copies(
+    state_manager: Any, offers_of: Callable[[], list[Any]], copies_of: Callable[[], list[Any]], block_index: int
+) -> None:
+    """``allocate_new_blocks`` of an align-mode Mamba group offers a connector the block each copy it
+    queues copies from, in place of the copy: ``offers_of`` and ``copies_of`` give the group's pending
+    offers (tuples, the block at ``block_index``) and copies (source, destination) as they are now."""
+    allocate = state_manager.allocate_new_blocks
+
+    def allocate_new_blocks(*args: Any, **kwargs: Any) -> Any:
+        num_offers = len(offers_of())
+        added = allocate(*args, **kwargs)
+        source_of = {id(destination): source for source, destination in copies_of()}
+        offers = offers_of()
+        for index in range(num_offers, len(offers)):
+            offer = list(offers[index])
+            # The bug: the hand-off names the block the state was cached inside, which the request goes on
+            # writing, instead of the copy that keeps the state.
+            offer[block_index] = source_of.get(id(offer[block_index]), offer[block_index])
+            offers[index] = tuple(offer)
+        return added
+
+    state_manager.allocate_new_blocks = allocate_new_blocks
+
+
+def plant_state_offered_from_its_written_block(manager: kvcore.KVCacheManager) -> None:
+    for state_manager in aligned_mamba_managers(manager):
+        offer_written_blocks_for_their_copies(
+            state_manager,
+            lambda state_manager=state_manager: state_manager.state_offloads,
+            lambda state_manager=state_manager: state_manager.pending_copies,
+            1,
+        )
+
+
 def plant_truncated_hit_keeps_its_state(manager: kvcore.KVCacheManager) -> None:
     keep_state_hits_whole(
         manager,

@@ -384,6 +384,13 @@ FAULTS: dict[str, Fault] = {
             "state is written into that block, cached under the shorter prefix a later hit reads",
             plants.plant_truncated_hit_keeps_its_state,
         ),
+        Fault(
+            "state-offered-from-its-written-block",
+            "the hand-off of a state a request cached inside the align-mode Mamba block it goes on writing "
+            "offers a KV connector that block instead of the copy the next allocation makes of it: the "
+            "connector offloads, under the state's boundary, whatever the next step writes there",
+            plants.plant_state_offered_from_its_written_block,
+        ),
     )
 }
 

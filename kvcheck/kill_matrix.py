@@ -35,6 +35,8 @@ class KillResult:
     killed: bool
     invariant: str | None = None
     runs_to_first_failure: int | None = None
+    first_seed: int | None = None
+    """The budget's first seed whose swarm found the fault (every seed before it ran its runs clean)."""
     seconds_to_first_failure: float | None = None
     shrunk_steps: int | None = None
     shrunk: Failure | None = None
@@ -64,6 +66,7 @@ def kill(fault: Fault, budget: KillBudget, make_target: TargetFactory | None = N
             continue
         if result.runs_to_first_failure is None:
             result.runs_to_first_failure = runs_before + report.runs
+            result.first_seed = seed
             result.seconds_to_first_failure = round(seconds_before + report.seconds, 2)
         shrunk = shrink(make_target, report.failure)
         if best is None or len(shrunk.ops) < len(best.ops):

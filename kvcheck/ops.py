@@ -12,7 +12,7 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -417,6 +417,17 @@ def plan_async_load(op: StartAsyncLoad, config: TargetConfig, num_tokens: int, h
     return plan_load(config, num_tokens, hit_length, op.num_external_tokens)
 
 
+StateOffload = tuple[str, int, int, int]
+"""A boundary state offered a KV connector: (request id, group, block id, the tokens the state is after)."""
+
+
+def flat_state_offloads(offloads: Mapping[str, Sequence[tuple[int, int, int]]]) -> tuple[StateOffload, ...]:
+    """Offers as an allocator hands them over, per request as (group, block id, tokens), flattened."""
+    return tuple(
+        (rid, group_id, block_id, tokens) for rid, entries in offloads.items() for group_id, block_id, tokens in entries
+    )
+
+
 @attrs.frozen
 class StepResult:
     """What an operation returned, as far as the invariants care.
@@ -429,7 +440,13 @@ class StepResult:
     drafts and lookahead); ``block_copies`` the (source, destination) block
     copies the step handed the worker (a sub-block hit's copy on write);
     ``zeroed_block_ids`` the blocks it handed the worker to zero before it
-    runs (when the cache needs zeroing), in the allocator's order.
+    runs (when the cache needs zeroing), in the allocator's order;
+    ``state_offloads`` the boundary states the allocator offered a KV
+    connector with the operation (``take_boundary_state_offloads`` after
+    it, a finishing request's ``finalize_partial_tail_offloads`` before its
+    free), as (request id, group, block id, the tokens the state is after),
+    request by request in the order they first appear, each request's group
+    by group (see :func:`flat_state_offloads`).
     """
 
     admitted: bool | None = None
@@ -441,6 +458,7 @@ class StepResult:
     num_slots: int | None = None
     block_copies: tuple[tuple[int, int], ...] = ()
     zeroed_block_ids: tuple[int, ...] = ()
+    state_offloads: tuple[StateOffload, ...] = ()
 
 
 def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:

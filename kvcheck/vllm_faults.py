@@ -26,6 +26,7 @@ from kvcheck.fault_plants import (
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
+    offer_written_blocks_for_their_copies,
     padding_counted,
     popped_in_eviction_order,
     record_hit_blocks_for_zeroing,
@@ -717,6 +718,16 @@ def _truncated_hit_keeps_its_state(manager: Any) -> None:
     )
 
 
+def _state_offered_from_its_written_block(manager: Any) -> None:
+    for state_manager in _align_mode_mamba_managers(manager):
+        offer_written_blocks_for_their_copies(
+            state_manager,
+            lambda state_manager=state_manager: state_manager._pending_boundary_state_offloads,
+            lambda state_manager=state_manager: state_manager._pending_cow_copies,
+            2,
+        )
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -968,6 +979,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM KVCacheManager.truncate_computed_blocks slicing the attention groups only (an align-mode "
             "Mamba group's hit returned whole)",
             _truncated_hit_keeps_its_state,
+        ),
+        Fault(
+            "state-offered-from-its-written-block",
+            "vLLM MambaManager.allocate_new_blocks queueing the boundary-state hand-off of a running request's "
+            "copy on write with source_block instead of cow_block",
+            _state_offered_from_its_written_block,
         ),
     )
 }

@@ -178,6 +178,27 @@ class KVCacheCoordinator:
         """Every group's queued block copies (source, destination), group 0's first."""
         return [copy for manager in self.managers for copy in manager.take_pending_copies()]
 
+    def take_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Every group's offered boundary states, group 0's first, per request (in the order requests first
+        appear) as (group, block id, the tokens the state is after)."""
+        offloads: dict[str, list[tuple[int, int, int]]] = {}
+        for manager in self.managers:
+            for request_id, block, num_tokens in manager.take_state_offloads():
+                offloads.setdefault(request_id, []).append((manager.group_id, block.block_id, num_tokens))
+        return offloads
+
+    def finalize_tail_offloads(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> list[tuple[int, int, int]]:
+        """Each group's state a finishing request left inside the block it was writing, to offer, as
+        (group, block id, the tokens the state is after)."""
+        offloads = []
+        for manager in self.managers:
+            tail = manager.finalize_tail_offload(request_id, num_computed_tokens, num_in_flight_tokens)
+            if tail is not None:
+                offloads.append((manager.group_id, tail[0].block_id, tail[1]))
+        return offloads
+
     def get_blocks(self, request_id: str) -> tuple[list[KVBlock], ...]:
         return tuple(list(manager.req_to_blocks.get(request_id, ())) for manager in self.managers)
 

@@ -302,6 +302,29 @@ class KVCacheManager:
             self._popped[block.block_id] = self._popped.get(block.block_id, 0) + 1
         return [(source.block_id, copy.block_id) for source, copy in pairs], retained
 
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """The boundary states offered a KV connector since the last call, to offload with their exact
+        blocks (an align-mode Mamba table is not append-only, so a connector cannot find them by
+        position): per request, as (group, block id, the tokens the state is after).
+
+        An align-mode Mamba group offers each state it caches whole in a
+        block, under the tokens its key covers, and, when a request's next
+        allocation copies a state the request cached inside the block it goes
+        on writing, the copy (filled by that step's block copies).  A freed
+        request's offers not taken yet are dropped.  The blocks are the
+        caller's to pin: nothing here keeps them held.
+        """
+        return self.coordinator.take_state_offloads()
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """For a finishing request, before it is freed: each align-mode Mamba group's state the request
+        cached inside the block it was writing and never copied, as (group, block id, the tokens the state
+        is after), when no later token reached that block (its computed tokens end at the state and none
+        is in flight).  Each such record is dropped either way."""
+        return self.coordinator.finalize_tail_offloads(
+            request.request_id, request.num_computed_tokens, request.num_in_flight_tokens
+        )
+
     def take_new_block_ids(self) -> list[int]:
         """The blocks the worker must zero before the step runs, recorded since the last call: every
         block an attention group (not a ring buffer) took from the pool, a copy on write's new block

@@ -17,7 +17,7 @@ import attrs
 from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
 from kvcheck.models.manager_model import ceil_div
 from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
-from kvcheck.ops import Operation, Schedule, StartAsyncLoad, StepResult, describe_op
+from kvcheck.ops import Finish, Operation, Schedule, StartAsyncLoad, StepResult, describe_op
 
 
 @attrs.define(eq=False)
@@ -774,6 +774,78 @@ def block_copies_well_formed(check: StepCheck) -> None:
             )
 
 
+def state_offloads_well_formed(check: StepCheck) -> None:
+    """Every boundary state the allocator offers a KV connector (``take_boundary_state_offloads``, and a
+    finishing request's ``finalize_partial_tail_offloads``) names an align-mode Mamba group, a block that
+    is not the null block, and a hash boundary; after any step but a request's finish, a block its
+    request's table in that group holds, or a block copied from one in the step; never, for a state the
+    step copies for the cache, the block copied from (its request goes on writing it: the copy, cached
+    under that boundary, keeps the state).  Checked on the target's own state, then against the model's
+    list (order included).  The offered blocks are not checked by position: an align-mode table keeps a
+    prefill checkpoint before its last state, which is why the allocator names the blocks.
+
+    Guards: a connector handed the block a state was cached inside instead of its copy (it offloads
+    whatever the next step writes there); a state offered under the wrong boundary or group; a
+    finishing request's state offered after later tokens reached its block; offers of a freed request
+    left queued."""
+    _state_offloads_on_the_target(check)
+    _same_state_offloads(check)
+
+
+def _state_offloads_on_the_target(check: StepCheck) -> None:
+    offloads = check.sut_result.state_offloads
+    if not offloads:
+        return
+    config = check.config
+    sources = {source: destination for source, destination in check.sut_result.block_copies}
+    destinations = {destination: source for source, destination in check.sut_result.block_copies}
+    finishing = isinstance(check.op, Finish)
+    lookahead = config.num_hash_lookahead_tokens
+    for request_id, group_id, block_id, num_tokens in offloads:
+        offer = f"request {request_id}'s state after {num_tokens} tokens in group {group_id}, block {block_id}"
+        if not 0 <= group_id < len(config.groups) or config.groups[group_id].kind != "mamba_align":
+            _fail(check, "state_offloads_well_formed", f"{offer} is offered from a group that is not align-mode Mamba")
+        if not block_id or num_tokens <= 0 or num_tokens % config.hash_size:
+            _fail(
+                check,
+                "state_offloads_well_formed",
+                f"{offer} is offered on the null block or off a hash boundary (hashes of {config.hash_size})",
+            )
+        copy_keys = check.sut.block_cache_keys.get(sources.get(block_id, 0), ())
+        if any(key[0] == group_id and len(key[1]) - lookahead == num_tokens for key in copy_keys):
+            _fail(
+                check,
+                "state_offloads_well_formed",
+                f"{offer} is offered from the block the step copies into block {sources[block_id]}, cached under "
+                "that boundary: its request goes on writing the offered block, the copy keeps the state",
+                sources[block_id],
+                block_id,
+            )
+        if finishing:
+            continue  # the finished request's table is gone: the model's list says which block
+        tables = check.sut.tables.get(request_id, ())
+        table = set(tables[group_id]) - {0} if group_id < len(tables) else set()
+        if block_id not in table and destinations.get(block_id) not in table:
+            _fail(
+                check,
+                "state_offloads_well_formed",
+                f"{offer} is offered, but its table in that group does not hold the block (nor a block copied into it)",
+                sorted(table),
+                block_id,
+            )
+
+
+def _same_state_offloads(check: StepCheck) -> None:
+    if check.sut_result.state_offloads != check.model_result.state_offloads:
+        _fail(
+            check,
+            "state_offloads_well_formed",
+            "the boundary states offered a connector differ from the model's",
+            check.model_result.state_offloads,
+            check.sut_result.state_offloads,
+        )
+
+
 def zeroed_blocks_are_fresh(check: StepCheck) -> None:
     """The blocks a step hands the worker to zero are exactly the fresh blocks of attention groups
     (not ring buffers, not Mamba states), when the cache needs zeroing: every block the allocation
@@ -934,6 +1006,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     cache_matches_model,
     reset_refused_only_while_held,
     events_match_model,
+    state_offloads_well_formed,
 )
 
 
@@ -957,6 +1030,7 @@ def check_results(
         invariant = "lru_eviction_when_caching_on" if config.enable_caching else "lifo_head_reuse_when_caching_off"
         _fail(check, invariant, "newly allocated blocks differ", model_result.new_block_ids, sut_result.new_block_ids)
     reset_refused_only_while_held(check)
+    _same_state_offloads(check)
 
 
 def check_all(check: StepCheck) -> None:

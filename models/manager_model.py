@@ -23,7 +23,9 @@ from kvcheck.ops import (
     Schedule,
     SpecDecode,
     StartAsyncLoad,
+    StateOffload,
     StepResult,
+    flat_state_offloads,
     plan_async_load,
     plan_step,
     prefill_checkpoint_fits,
@@ -146,6 +148,13 @@ class ManagerModel:
         """(request, group) -> (position, block): a shared block the request's table holds where it writes
         next (a hit ending inside the block, or a state it cached inside the block it goes on writing),
         copied by the next allocation."""
+        self.producer_tails: dict[tuple[str, int], tuple[int, int]] = {}
+        """(request, align-mode Mamba group) -> (block, tokens): a state the request cached inside the block
+        it goes on writing, after that many tokens, until its next allocation copies it (the copy is offered
+        a connector) or it finishes (offered then if no later token reached the block)."""
+        self.state_offloads: list[tuple[int, str, int, int]] = []
+        """The boundary states offered a connector during the current operation, as (group, request, block,
+        tokens), in the order offered (see :meth:`_take_state_offloads`)."""
         self.step_copies: list[tuple[int, int]] = []
         """The block copies (source, destination) the allocation of the current step queued; each of
         their blocks holds one reference more until the step releases them (:meth:`_release_copies`)."""
@@ -489,6 +498,9 @@ class ManagerModel:
 
     def apply(self, op: Operation) -> StepResult:
         result = self._apply(op)
+        offloads = self._take_state_offloads()
+        if offloads:
+            result = attrs.evolve(result, state_offloads=result.state_offloads + offloads)
         if self.to_zero:
             # The allocator hands them over group by group.
             zeroed = tuple(block for group_id in sorted(self.to_zero) for block in self.to_zero[group_id])
@@ -517,9 +529,10 @@ class ManagerModel:
                     self._cache_full_blocks(op.request_id, request.num_computed_tokens)
             return StepResult()
         if isinstance(op, Finish):
+            tails = self._finalize_tail_offloads(op.request_id)
             self._release(op.request_id, finished=True)
             del self.requests[op.request_id]
-            return StepResult()
+            return StepResult(state_offloads=tails)
         if isinstance(op, FailedLoad):
             # A set, walked in its own order, as the scheduler hands it to evict_blocks.
             held = {b for g in range(len(self.groups)) for b in self.pool.holders.get((op.request_id, g), ()) if b}
@@ -901,12 +914,40 @@ class ManagerModel:
                 moved = self.pool.cache.get(copy)
                 if moved is not None:
                     self.cached_this_step.add(moved)
+                tail = self.producer_tails.pop(key, None)
+                if tail is not None:
+                    self.state_offloads.append((group_id, rid, copy, tail[1]))
             else:
                 table[position] = copy
                 added.insert(0, copy)
         table.extend(new)
         self.mamba_allocated.add(key)
         return added + new
+
+    def _take_state_offloads(self) -> tuple[StateOffload, ...]:
+        """The operation's offered boundary states as the allocator hands them over: request by request in
+        the order they first appear, taken group by group, each group's in the order offered."""
+        by_request: dict[str, list[tuple[int, int, int]]] = {}
+        for group_id, rid, block, tokens in sorted(self.state_offloads, key=lambda offload: offload[0]):
+            by_request.setdefault(rid, []).append((group_id, block, tokens))
+        self.state_offloads = []
+        return flat_state_offloads(by_request)
+
+    def _finalize_tail_offloads(self, rid: str) -> tuple[StateOffload, ...]:
+        """A finishing request's states cached inside the blocks it was writing and never copied, offered
+        when no later token reached them: its computed tokens end at the state and none is in flight."""
+        request = self.requests[rid]
+        offloads = []
+        for group_id in range(len(self.groups)):
+            tail = self.producer_tails.pop((rid, group_id), None)
+            if tail is not None and not request.num_in_flight_tokens and request.num_computed_tokens == tail[1]:
+                offloads.append((rid, group_id, *tail))
+        return tuple(offloads)
+
+    def _forget_offloads(self, rid: str, group_id: int) -> None:
+        """A freed request's states are offered no more: its blocks go back to the pool."""
+        self.producer_tails.pop((rid, group_id), None)
+        self.state_offloads = [o for o in self.state_offloads if (o[0], o[1]) != (group_id, rid)]
 
     def _release_skipped(self, rid: str, group_id: int, total_computed: int) -> None:
         table = self.pool.holders.get((rid, group_id))
@@ -968,11 +1009,14 @@ class ManagerModel:
             elif group.kind == "mamba_align":
                 self._recache_prompt_state(rid, group_id, cacheable)
             if group.kind == "mamba_align":
-                # The states cached now, under the keys they hold after the checkpoint's re-keying.
+                # The states cached now, under the keys they hold after the checkpoint's re-keying, each
+                # offered a connector under the tokens its key covers.
+                lookahead = self.config.num_hash_lookahead_tokens
                 for block in table[start:num_full]:
                     key = self.pool.cache.get(block)
                     if block != NULL and key is not None:
                         self.cached_this_step.add(key)
+                        self.state_offloads.append((group_id, rid, block, len(key[1]) - lookahead))
 
     def _cached_positions(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
         """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
@@ -1121,6 +1165,7 @@ class ManagerModel:
             self.junction_states_cached += 1
         if boundary % self.block_sizes[group_id]:
             self.copy_pending[(rid, group_id)] = (position, block)
+            self.producer_tails[(rid, group_id)] = (block, boundary)
             self.num_cached[(rid, group_id)] = position
 
     def _boundary_event(self, rid: str, group_id: int, boundary: int) -> StoredEvent:
@@ -1218,6 +1263,7 @@ class ManagerModel:
                 self.mamba_allocated.discard((rid, group_id))
                 self.checkpoints.pop((rid, group_id), None)
                 self.copy_pending.pop((rid, group_id), None)
+                self._forget_offloads(rid, group_id)
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
             if popped:
@@ -1233,6 +1279,7 @@ class ManagerModel:
             self.mamba_allocated.discard((rid, group_id))
             self.checkpoints.pop((rid, group_id), None)
             self.copy_pending.pop((rid, group_id), None)
+            self._forget_offloads(rid, group_id)
             self.pool.release(reversed(table))
 
     def _preempt(self, rid: str) -> None:

@@ -16,6 +16,7 @@ from kvcheck.models.manager_model import ManagerModel, skipped_tokens
 from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
 from kvcheck.ops import (
     FailedLoad,
+    Finish,
     FinishAsyncLoad,
     GroupIds,
     Operation,
@@ -78,6 +79,9 @@ RSWA_HIT_INSIDE_BLOCK = "hit ending inside an R-SWA block copied on write"
 STATE_HIT_INSIDE_SHARDED_BLOCK = "prefix hit on a Mamba state ending inside a block sharded over DCP ranks"
 EXTERNAL_BESIDE_STATES = "external tokens loaded beside an align-mode Mamba group"
 SUB_BLOCK_HIT_CUT_BACK = "sub-block hit cut back to a block boundary for external tokens"
+STATE_OFFERED = "Mamba state offered a connector with its block"
+STATE_OFFERED_FROM_ITS_COPY = "Mamba state cached inside a block offered a connector from its copy"
+FINISHED_STATE_OFFERED = "finishing request's Mamba state inside its block offered a connector"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -94,11 +98,15 @@ ALIGN_FEATURE_LABELS = (
     STATE_HIT_INSIDE_SHARDED_BLOCK,
     EXTERNAL_BESIDE_STATES,
     SUB_BLOCK_HIT_CUT_BACK,
+    STATE_OFFERED,
+    STATE_OFFERED_FROM_ITS_COPY,
+    FINISHED_STATE_OFFERED,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
 beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
 requests, sub-block hits inside blocks sharded over decode context parallel ranks, a connector's external
-tokens (and the sub-block hits they supersede)."""
+tokens (and the sub-block hits they supersede), boundary states offered a connector (from a copy, and as a
+request finishes)."""
 
 SAMBA_LABELS = (STATE_HIT_BESIDE_WINDOW, STATE_HIT_WITH_SUB_BLOCK_HITS_OFF, RSWA_HIT_INSIDE_BLOCK)
 """The labels of Mamba states beside local attention (the ``samba`` layout): sub-block hits off beside a
@@ -391,6 +399,19 @@ def _checkpoint_labels(model: ManagerModel, rid: str, new_block_ids: GroupIds) -
     return labels
 
 
+def _offload_labels(op: Operation, result: StepResult) -> list[str]:
+    """The labels of the boundary states a step offered a connector."""
+    if not result.state_offloads:
+        return []
+    if isinstance(op, Finish):
+        return [FINISHED_STATE_OFFERED]
+    copies = {destination for _, destination in result.block_copies}
+    labels = [STATE_OFFERED]
+    if any(block in copies for _, _, block, _ in result.state_offloads):
+        labels.append(STATE_OFFERED_FROM_ITS_COPY)
+    return labels
+
+
 def _nulls(model: ManagerModel, op: Operation, *kinds: str) -> int:
     """Null blocks in the tables of a scheduled request's groups of ``kinds``."""
     if not isinstance(op, Schedule | SpecDecode):
@@ -498,6 +519,7 @@ def step_labels(
         labels.append(SUB_BLOCK_HIT_CUT_BACK)
     if result.block_copies:
         labels.append(SUB_BLOCK_HIT_COPIED if result.hit_length else STATE_COPIED_FOR_CACHE)
+    labels.extend(_offload_labels(op, result))
     if result.zeroed_block_ids and not any(group.kind in MAMBA_KINDS for group in model.groups):
         labels.append(MIXED_PRECISION_ZEROED)
     if (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kvcore
@@ -144,6 +144,12 @@ class KvcoreTarget(SchedulerDrivenTarget):
 
     def _take_new_block_ids(self) -> list[int]:
         return self.manager.take_new_block_ids()
+
+    def _take_state_offloads(self) -> Mapping[str, Sequence[tuple[int, int, int]]]:
+        return self.manager.take_boundary_state_offloads()
+
+    def _finalize_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return self.manager.finalize_partial_tail_offloads(request)
 
     def _new_step_starts(self) -> None:
         self.manager.new_step_starts()

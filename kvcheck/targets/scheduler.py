@@ -8,7 +8,7 @@ here, so two targets can only differ in their allocators.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -30,6 +30,7 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
+    flat_state_offloads,
     plan_async_load,
     plan_step,
 )
@@ -117,6 +118,15 @@ class SchedulerDrivenTarget:
         """``take_new_block_ids``: the blocks recorded for the worker to zero since the last call."""
         raise NotImplementedError
 
+    def _take_state_offloads(self) -> Mapping[str, Sequence[tuple[int, int, int]]]:
+        """``take_boundary_state_offloads``: the boundary states offered a connector since the last call."""
+        raise NotImplementedError
+
+    def _finalize_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        """``finalize_partial_tail_offloads``: a finishing request's states left inside the blocks it was
+        writing, offered before its free."""
+        raise NotImplementedError
+
     def _new_step_starts(self) -> None:
         """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
 
@@ -199,6 +209,10 @@ class SchedulerDrivenTarget:
         zeroed = self._take_new_block_ids()
         if zeroed and self.config.needs_zeroing:
             result = attrs.evolve(result, zeroed_block_ids=tuple(zeroed))
+        # As vLLM's scheduler drains them every step, whether or not a connector takes them.
+        offloads = flat_state_offloads(self._take_state_offloads())
+        if offloads:
+            result = attrs.evolve(result, state_offloads=result.state_offloads + offloads)
         if self.config.enable_kv_cache_events:
             # As vLLM's scheduler publishes them: every event of the step, once it is done.
             for event in self._take_events():
@@ -231,11 +245,13 @@ class SchedulerDrivenTarget:
         if isinstance(op, Finish):
             request = self.requests[op.request_id]
             self._on_finished(request)
+            # As vLLM's scheduler hands a producer connector the finished request's blocks, before the free.
+            tails = self._finalize_tail_offloads(request)
             self._release(request, op.request_id, finished=True)
             del self.requests[op.request_id], self._hashes_learned[op.request_id]
             self.running.discard(op.request_id)
             self.loading.discard(op.request_id)
-            return StepResult()
+            return StepResult(state_offloads=flat_state_offloads({op.request_id: tails}))
         if isinstance(op, FailedLoad):
             self._evict({block_id for table in self._table(op.request_id) for block_id in table if block_id})
             self._preempt(op.request_id)

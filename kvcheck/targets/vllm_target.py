@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -374,6 +374,12 @@ class VllmTarget(SchedulerDrivenTarget):
 
     def _take_new_block_ids(self) -> list[int]:
         return self.manager.take_new_block_ids()
+
+    def _take_state_offloads(self) -> Mapping[str, Sequence[tuple[int, int, int]]]:
+        return self.manager.take_boundary_state_offloads()
+
+    def _finalize_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
+        return self.manager.finalize_partial_tail_offloads(request)
 
     def _free_retained(self, blocks: list[Any]) -> None:
         # As the scheduler releases the endpoints of copies it does not defer: in the order given.

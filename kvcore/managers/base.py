@@ -280,6 +280,17 @@ class SingleTypeManager:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
+    def take_state_offloads(self) -> list[tuple[str, KVBlock, int]]:
+        """Boundary states offered a connector since the last call, as (request id, block, the tokens the
+        state is after); only an align-mode Mamba group offers any."""
+        return []
+
+    def finalize_tail_offload(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> tuple[KVBlock, int] | None:
+        """A finishing request's state left inside the block it was writing, to offer (align-mode Mamba)."""
+        return None
+
     # -- caching and freeing --------------------------------------------------
 
     def cache_blocks(self, request: Request, num_tokens: int, replay_boundaries: Sequence[int] = ()) -> None:

@@ -131,6 +131,14 @@ class AlignedMambaManager(MambaManager):
         self.shared_prefix_checkpoint = False
         """The state at the end of a prefix a lookup found shared is cached too (set by the coordinator:
         :attr:`kvcore.KVCacheConfig.shared_prefix_checkpoint`)."""
+        self.state_offloads: list[tuple[str, KVBlock, int]] = []
+        """Boundary states offered a connector since :meth:`take_state_offloads`, as (request id, the block
+        holding the state, the tokens it is after): each state cached whole in a block, and the copy of a
+        state a request cached inside the block it goes on writing."""
+        self.producer_tails: dict[str, tuple[KVBlock, int]] = {}
+        """Per request: a state it cached inside the block it goes on writing, as (that block, the tokens
+        the state is after), until its next allocation copies it for the cache (the copy is offered) or it
+        finishes (:meth:`finalize_tail_offload`)."""
 
     @classmethod
     def find_longest_cache_hit(
@@ -311,6 +319,10 @@ class AlignedMambaManager(MambaManager):
                 self.pool.move_block_hashes(source, copy)
                 self.pending_copies.append((source, copy))
                 source.ref_cnt += 1
+                tail = self.producer_tails.pop(request_id, None)
+                if tail is not None:
+                    # The copy keeps the state once this step's copies have run: that block is offered.
+                    self.state_offloads.append((request_id, copy, tail[1]))
                 if copy.block_hash is not None:
                     self.cached_this_step.add(copy.block_hash)
             else:
@@ -344,9 +356,14 @@ class AlignedMambaManager(MambaManager):
             key = self._cache_prompt_state(request, num_tokens, table)
         if key is not None:
             self.cached_this_step.add(key)
-        for block in table[num_cached : self.num_cached_blocks.get(request_id, 0)]:
+        for position in range(num_cached, self.num_cached_blocks.get(request_id, 0)):
+            block = table[position]
             if not block.is_null and block.block_hash is not None:
                 self.cached_this_step.add(block.block_hash)
+                # Offered under the tokens its key covers now (a checkpoint's, once re-keyed).
+                tokens = self.pool.hash_tokens(block, (position + 1) * self.block_size)
+                assert tokens is not None
+                self.state_offloads.append((request_id, block, tokens))
 
     def _cache_checkpoint(self, request: Request, table: list[KVBlock]) -> BlockHashWithGroup | None:
         """Enter the request's prefill checkpoint block under the key of the tokens its state is after, in
@@ -447,6 +464,7 @@ class AlignedMambaManager(MambaManager):
             self.pool.record_event(hash_boundary_event(request, num_hashes, hash_block_size, self.group_id))
         if boundary % self.block_size:
             self.partial_hits[request.request_id] = (position, block)
+            self.producer_tails[request.request_id] = (block, boundary)
             self.num_cached_blocks[request.request_id] = position
         return key
 
@@ -476,7 +494,26 @@ class AlignedMambaManager(MambaManager):
         self.checkpoints.pop(request_id, None)
         self.last_state_block.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
+        self.producer_tails.pop(request_id, None)
+        # Its blocks go back to the pool: offers not taken yet would name blocks others may get.
+        self.state_offloads = [offload for offload in self.state_offloads if offload[0] != request_id]
         return super().pop_blocks_for_free(request_id)
+
+    def take_state_offloads(self) -> list[tuple[str, KVBlock, int]]:
+        """The boundary states offered since the last call (see :attr:`state_offloads`), oldest first."""
+        offloads, self.state_offloads = self.state_offloads, []
+        return offloads
+
+    def finalize_tail_offload(
+        self, request_id: str, num_computed_tokens: int, num_in_flight_tokens: int
+    ) -> tuple[KVBlock, int] | None:
+        """A finishing request's state cached inside the block it was writing, as (that block, the tokens
+        it is after), when no later token reached the block: its computed tokens end at the state and
+        none is in flight.  The record is dropped either way."""
+        tail = self.producer_tails.pop(request_id, None)
+        if tail is None or num_in_flight_tokens or num_computed_tokens != tail[1]:
+            return None
+        return tail
 
     def new_step_starts(self) -> None:
         """A scheduler step begins: states cached before it may be hit."""

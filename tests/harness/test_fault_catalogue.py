@@ -523,6 +523,14 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [*PRODUCER_STEPS, AddRequest("r1", (1, 2, 3, 4, 5, 6, 9, 9, 9, 9)), Schedule("r1", 4, 3)],
         "hit_is_sound_and_maximal",
     ),
+    # r0 caches its state after 6 tokens inside its second 4-token Mamba block; its third step copies that
+    # block for the cache and offers a connector the copy.  Offering the block r0 goes on writing instead,
+    # the connector would offload that step's state under the key of 6 tokens.
+    "state-offered-from-its-written-block": (
+        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        PRODUCER_STEPS,
+        "state_offloads_well_formed",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (

@@ -265,6 +265,16 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         assert check.sut_result.block_copies == ((7, 6),)
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, block_copies=((7, 8),)))
 
+    def state_offered_from_the_copied_block() -> StepCheck:
+        # a caches its state after 6 tokens inside Mamba's 4-token block 5; its third step copies block 5
+        # into block 7 for the cache and offers block 7; reported as offering block 5, which a goes on
+        # writing.
+        config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+        check = checked_step(config, [AddRequest("a", (1, 2, 3, 4, 5, 6, 7)), *[Schedule("a", 7, 0, 0)] * 3])
+        assert check.sut_result.block_copies == ((5, 7),)
+        assert check.sut_result.state_offloads == (("a", 1, 7, 6),)
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, state_offloads=(("a", 1, 5, 6),)))
+
     def zeroing_a_hit_block() -> StepCheck:
         check = sub_block_hit_step()
         assert check.sut_result.zeroed_block_ids == (5,)
@@ -285,6 +295,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "in_flight_blocks_held": in_flight_block_freed,
         "hit_block_never_written": hit_ending_inside_a_block,
         "block_copies_well_formed": copy_into_another_block,
+        "state_offloads_well_formed": state_offered_from_the_copied_block,
         "zeroed_blocks_are_fresh": zeroing_a_hit_block,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,

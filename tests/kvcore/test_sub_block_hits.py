@@ -158,3 +158,55 @@ def test_under_decode_context_parallelism_states_at_the_hash_size_ask_for_sub_bl
     copies, _ = manager.take_block_copies()
     assert len(copies) == 1 and copies[0][0] == hit_blocks[0][1].block_id
     manager.check_invariants()
+
+
+def test_each_cached_state_is_offered_with_its_block_and_boundary_then_drained() -> None:
+    """take_boundary_state_offloads hands over, once, each state the Mamba group cached this far: the state
+    at 4 tokens in block 3 (a whole block), under its request; the state at 6, cached inside block 5, only
+    when the next allocation copies it, as its copy."""
+    manager = make_manager()
+    request = Request("a", PROMPT, 2)
+    schedule(manager, request, 4)
+    assert manager.take_boundary_state_offloads() == {"a": [(1, 3, 4)]}
+    assert manager.take_boundary_state_offloads() == {}
+    schedule(manager, request, 2)
+    assert manager.take_boundary_state_offloads() == {}
+    schedule(manager, request, 1)
+    assert manager.take_block_copies()[0] == [(5, 7)]
+    assert manager.take_boundary_state_offloads() == {"a": [(1, 7, 6)]}
+
+
+def test_a_request_finishing_at_a_state_inside_its_block_offers_that_block_once() -> None:
+    """Finishing right after caching its state at 6 inside block 5 (no later token reached it), the
+    request's tail is offered from block 5; the record is then gone."""
+    manager = make_manager()
+    request = produce(manager)
+    manager.take_boundary_state_offloads()
+    assert manager.finalize_partial_tail_offloads(request) == [(1, 5, 6)]
+    assert manager.finalize_partial_tail_offloads(request) == []
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_a_finishing_request_whose_later_tokens_reach_its_states_block_offers_nothing(in_flight: bool) -> None:
+    """A token past the state at 6 (computed, or still in flight) may have overwritten block 5: nothing is
+    offered, and the record is dropped."""
+    manager = make_manager()
+    request = produce(manager)
+    if in_flight:
+        request.num_in_flight_tokens = 1
+    else:
+        request.num_computed_tokens += 1
+    assert manager.finalize_partial_tail_offloads(request) == []
+    request.num_in_flight_tokens, request.num_computed_tokens = 0, 6
+    assert manager.finalize_partial_tail_offloads(request) == []
+
+
+def test_a_freed_requests_offers_not_taken_are_dropped() -> None:
+    """The request is freed before its offer of block 3 is taken: the block goes back to the pool, and so
+    does the offer (another request may get the block)."""
+    manager = make_manager()
+    request = Request("a", PROMPT, 2)
+    schedule(manager, request, 4)
+    manager.free(request)
+    assert manager.take_boundary_state_offloads() == {}
+    assert manager.finalize_partial_tail_offloads(request) == []
