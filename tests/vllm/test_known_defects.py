@@ -66,6 +66,27 @@ def test_a_prefill_checkpoint_past_the_hashes_asserts() -> None:
         manager.allocate_slots(request, 2)
 
 
+def test_a_speculative_step_beside_prefill_checkpoints_asserts() -> None:
+    """A speculative decode step's drafts are not in the request's tokens, but the prefill checkpoint
+    logic counts them: a 14-token prompt in 3-token align-mode Mamba blocks with prefill checkpoints,
+    computed to 15 tokens (16 known), schedules its last token and 3 drafts; the step's checkpoint falls
+    past the request's hashes and ``cache_partial_block`` asserts.  kvcore keeps such a checkpoint
+    uncached, as a transient one; kvcheck runs no speculative decode step beside an align-mode group
+    (``TargetConfig.runs_spec_decode`` gives its reasons)."""
+    group = GroupSpec("mamba_align", prefill_checkpoint_alignment=1)
+    manager = make_manager([group], 4, 3, True)
+    request = make_request("a", [0] * 14, 3)
+    for num_new_tokens, sampled in ((12, False), (2, True), (1, True)):
+        assert manager.allocate_slots(request, num_new_tokens) is not None
+        request.num_computed_tokens += num_new_tokens
+        if sampled:
+            request.append_output_token_ids(0)
+    assert (request.num_computed_tokens, request.num_tokens, len(request.block_hashes)) == (15, 16, 5)
+    with pytest.raises(AssertionError) as raised:
+        manager.allocate_slots(request, 1 + 3)
+    assert raised.traceback[-1].name == "_get_partial_block_hash"
+
+
 def _drafter_in_every_group(attention: GroupSpec, block_sizes: list[int], hash_block_size: int) -> Any:
     """vLLM's manager of ``attention`` beside an align-mode Mamba group (blocks of ``block_sizes``, hashed
     every ``hash_block_size`` tokens), a drafter in both groups prefilling 2 tokens past a chunk."""
