@@ -51,10 +51,16 @@ PROFILES = {
 }
 
 
+def has_ci_budget(current: settings) -> bool:
+    """Whether ``current`` searches with at least the ``ci`` budget (``smoke`` does not: it only shows
+    that an installation runs the suite)."""
+    return current.max_examples >= PROFILES["ci"].max_examples
+
+
 def labels_must_be_reached(current: settings) -> bool:
     """A derandomized run with at least the ``ci`` budget is the same every time, so a coverage label
     it misses is a generator regression; a randomized or smaller run may just not have got there."""
-    return current.derandomize and current.max_examples >= PROFILES["ci"].max_examples
+    return current.derandomize and has_ci_budget(current)
 
 
 def pin_generation_constants() -> None:
