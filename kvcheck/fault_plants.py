@@ -1410,6 +1410,32 @@ def offer_written_blocks_for_their_copies(
     state_manager.allocate_new_blocks = allocate_new_blocks
 
 
+def offer_finished_tails_whatever_followed(
+    state_manager: Any, method: str, tails_of: Callable[[], dict[str, Any]], offer: Callable[[Any], Any]
+) -> None:
+    """An align-mode Mamba group's ``method`` (a finishing request's partial-tail offload) offers the
+    state the request cached inside the block it was writing whenever one is recorded (``tails_of``: the
+    group's records, ``offer``: a record as the method returns it), not only when no later token reached
+    that block."""
+
+    def finalize(request_id: str, num_computed_tokens: int, num_in_flight_tokens: int) -> Any:
+        # The bug: the tokens computed since the state, and those in flight, are not looked at.
+        tail = tails_of().pop(request_id, None)
+        return None if tail is None else offer(tail)
+
+    setattr(state_manager, method, finalize)
+
+
+def plant_finished_tail_offered_after_later_tokens(manager: kvcore.KVCacheManager) -> None:
+    for state_manager in aligned_mamba_managers(manager):
+        offer_finished_tails_whatever_followed(
+            state_manager,
+            "finalize_tail_offload",
+            lambda state_manager=state_manager: state_manager.producer_tails,
+            lambda tail: tail,
+        )
+
+
 def plant_state_offered_from_its_written_block(manager: kvcore.KVCacheManager) -> None:
     for state_manager in aligned_mamba_managers(manager):
         offer_written_blocks_for_their_copies(

@@ -391,6 +391,13 @@ FAULTS: dict[str, Fault] = {
             "connector offloads, under the state's boundary, whatever the next step writes there",
             plants.plant_state_offered_from_its_written_block,
         ),
+        Fault(
+            "finished-tail-offered-after-later-tokens",
+            "a finishing request's state cached inside the align-mode Mamba block it was writing is offered "
+            "a KV connector though later tokens (computed, or in flight) reached that block: the connector "
+            "offloads, under the state's boundary, the state of a later token",
+            plants.plant_finished_tail_offered_after_later_tokens,
+        ),
     )
 }
 

@@ -26,6 +26,7 @@ from kvcheck.fault_plants import (
     keep_transient_checkpoints,
     keep_zeroing_record,
     load_cached_before_it_lands,
+    offer_finished_tails_whatever_followed,
     offer_written_blocks_for_their_copies,
     padding_counted,
     popped_in_eviction_order,
@@ -728,6 +729,16 @@ def _state_offered_from_its_written_block(manager: Any) -> None:
         )
 
 
+def _finished_tail_offered_after_later_tokens(manager: Any) -> None:
+    for state_manager in _align_mode_mamba_managers(manager):
+        offer_finished_tails_whatever_followed(
+            state_manager,
+            "finalize_partial_tail_offload",
+            lambda state_manager=state_manager: state_manager._producer_partial_tail_reqs,
+            lambda tail, state_manager=state_manager: (state_manager.kv_cache_group_id, *tail),
+        )
+
+
 VLLM_FAULTS: dict[str, Fault] = {
     fault.name: fault
     for fault in (
@@ -985,6 +996,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM MambaManager.allocate_new_blocks queueing the boundary-state hand-off of a running request's "
             "copy on write with source_block instead of cow_block",
             _state_offered_from_its_written_block,
+        ),
+        Fault(
+            "finished-tail-offered-after-later-tokens",
+            "vLLM MambaManager.finalize_partial_tail_offload returning the producer's tail without checking "
+            "num_computed_tokens and num_in_flight_tokens",
+            _finished_tail_offered_after_later_tokens,
         ),
     )
 }

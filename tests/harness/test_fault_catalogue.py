@@ -531,6 +531,14 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         PRODUCER_STEPS,
         "state_offloads_well_formed",
     ),
+    # Under async scheduling r0 caches its state after 3 tokens inside its 6-token Mamba block with the
+    # step still in flight, and finishes: the step in flight may write past the state, so nothing is
+    # offered.  Offering the block anyway, the connector would offload a later token's state.
+    "finished-tail-offered-after-later-tokens": (
+        TargetConfig(3, 3, (GroupSpec("full"), GroupSpec("mamba_align", block_size=6)), True, async_scheduling=True),
+        [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 3), Finish("r0")],
+        "state_offloads_well_formed",
+    ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (

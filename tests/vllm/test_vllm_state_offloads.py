@@ -74,3 +74,19 @@ def test_a_decode_step_filling_the_written_block_offers_it_under_its_own_boundar
     _, results = run_alike(CONFIG, [*PRODUCER, Schedule("r0", 1)])
     ((source, _),) = results[-2].block_copies
     assert results[-1].state_offloads == (("r0", 1, source, 8),)
+
+
+def test_a_request_finishing_with_a_step_in_flight_offers_nothing() -> None:
+    """Under async scheduling r0 caches its state after 3 tokens inside its 6-token Mamba block while the
+    step is still in flight, then finishes: the step may write past the state, so nothing is offered (the
+    record is dropped).  Under the catalogue's fault the block is offered anyway, on kvcore and vLLM alike."""
+    fault = "finished-tail-offered-after-later-tokens"
+    config, ops, _ = SEQUENCES[fault]
+    assert config.async_scheduling
+    _, results = run_alike(config, ops)
+    assert not results[-1].state_offloads
+    trace = Trace(config, tuple(ops))
+    for target in ("kvcore", "vllm"):
+        planted = replay(trace, resolve_target(target, fault)).violation
+        assert planted is not None and planted.invariant == "state_offloads_well_formed", planted
+        assert planted.step == len(ops), planted
