@@ -148,10 +148,11 @@ class ManagerModel:
         """(request, group) -> (position, block): a shared block the request's table holds where it writes
         next (a hit ending inside the block, or a state it cached inside the block it goes on writing),
         copied by the next allocation."""
-        self.producer_tails: dict[tuple[str, int], tuple[int, int]] = {}
-        """(request, align-mode Mamba group) -> (block, tokens): a state the request cached inside the block
-        it goes on writing, after that many tokens, until its next allocation copies it (the copy is offered
-        a connector) or it finishes (offered then if no later token reached the block)."""
+        self.producer_tails: dict[tuple[str, int], int] = {}
+        """(request, align-mode Mamba group) -> tokens: the request cached its state after that many tokens
+        inside the block it goes on writing (its :attr:`copy_pending` block), until its next allocation
+        copies it (the copy is offered a connector) or it finishes (offered then if no later token reached
+        the block)."""
         self.state_offloads: list[tuple[int, str, int, int]] = []
         """The boundary states offered a connector during the current operation, as (group, request, block,
         tokens), in the order offered (see :meth:`_take_state_offloads`)."""
@@ -914,9 +915,9 @@ class ManagerModel:
                 moved = self.pool.cache.get(copy)
                 if moved is not None:
                     self.cached_this_step.add(moved)
-                tail = self.producer_tails.pop(key, None)
-                if tail is not None:
-                    self.state_offloads.append((group_id, rid, copy, tail[1]))
+                tokens = self.producer_tails.pop(key, None)
+                if tokens is not None:
+                    self.state_offloads.append((group_id, rid, copy, tokens))
             else:
                 table[position] = copy
                 added.insert(0, copy)
@@ -927,6 +928,8 @@ class ManagerModel:
     def _take_state_offloads(self) -> tuple[StateOffload, ...]:
         """The operation's offered boundary states as the allocator hands them over: request by request in
         the order they first appear, taken group by group, each group's in the order offered."""
+        if not self.state_offloads:
+            return ()
         by_request: dict[str, list[tuple[int, int, int]]] = {}
         for group_id, rid, block, tokens in sorted(self.state_offloads, key=lambda offload: offload[0]):
             by_request.setdefault(rid, []).append((group_id, block, tokens))
@@ -939,15 +942,10 @@ class ManagerModel:
         request = self.requests[rid]
         offloads = []
         for group_id in range(len(self.groups)):
-            tail = self.producer_tails.pop((rid, group_id), None)
-            if tail is not None and not request.num_in_flight_tokens and request.num_computed_tokens == tail[1]:
-                offloads.append((rid, group_id, *tail))
+            tokens = self.producer_tails.pop((rid, group_id), None)
+            if tokens is not None and not request.num_in_flight_tokens and request.num_computed_tokens == tokens:
+                offloads.append((rid, group_id, self.copy_pending[(rid, group_id)][1], tokens))
         return tuple(offloads)
-
-    def _forget_offloads(self, rid: str, group_id: int) -> None:
-        """A freed request's states are offered no more: its blocks go back to the pool."""
-        self.producer_tails.pop((rid, group_id), None)
-        self.state_offloads = [o for o in self.state_offloads if (o[0], o[1]) != (group_id, rid)]
 
     def _release_skipped(self, rid: str, group_id: int, total_computed: int) -> None:
         table = self.pool.holders.get((rid, group_id))
@@ -1165,7 +1163,7 @@ class ManagerModel:
             self.junction_states_cached += 1
         if boundary % self.block_sizes[group_id]:
             self.copy_pending[(rid, group_id)] = (position, block)
-            self.producer_tails[(rid, group_id)] = (block, boundary)
+            self.producer_tails[(rid, group_id)] = boundary
             self.num_cached[(rid, group_id)] = position
 
     def _boundary_event(self, rid: str, group_id: int, boundary: int) -> StoredEvent:
@@ -1263,7 +1261,7 @@ class ManagerModel:
                 self.mamba_allocated.discard((rid, group_id))
                 self.checkpoints.pop((rid, group_id), None)
                 self.copy_pending.pop((rid, group_id), None)
-                self._forget_offloads(rid, group_id)
+                self.producer_tails.pop((rid, group_id), None)
                 start = next((i for i, b in enumerate(table) if b != NULL), len(table))
                 popped.extend(table[start:])
             if popped:
@@ -1279,7 +1277,7 @@ class ManagerModel:
             self.mamba_allocated.discard((rid, group_id))
             self.checkpoints.pop((rid, group_id), None)
             self.copy_pending.pop((rid, group_id), None)
-            self._forget_offloads(rid, group_id)
+            self.producer_tails.pop((rid, group_id), None)
             self.pool.release(reversed(table))
 
     def _preempt(self, rid: str) -> None:
