@@ -466,12 +466,12 @@ class TargetConfig:
 
     @property
     def runs_spec_decode(self) -> bool:
-        """Whether speculative decode steps run: not beside an align-mode Mamba group.  Its table keeps the
-        blocks of rejected drafts ahead of the state, and its record of the last state then names a
-        draft's block: which block holds the verified state is settled by the worker's copies, not by
-        the allocator.  (Beside prefill checkpoints vLLM 0.33.0 also asserts: a step's drafts place its
-        checkpoint past the request's hashes, ``tests/vllm/test_known_defects.py``.)"""
-        return not self.has_aligned_mamba
+        """Whether speculative decode steps run: not beside an align-mode Mamba group with prefill
+        checkpoints, where vLLM 0.33.0 asserts (a step's drafts place its checkpoint past the request's
+        hashes, ``tests/vllm/test_known_defects.py``)."""
+        return not any(
+            group.kind == "mamba_align" and group.prefill_checkpoint_alignment is not None for group in self.groups
+        )
 
     @property
     def drafter_group_ids(self) -> frozenset[int]:

@@ -774,6 +774,10 @@ def _check_call(
         pending = [popped for _, popped in recorder.pipeline.deferred]
         kwargs["pending_frees"] = value_node(pending, recorder.names)
         kwargs["deferred_frees"] = value_node(nested_lists(model.deferred_frees))
+    if config.aligned_mamba_group_ids and model.draft_tokens:
+        kwargs["draft_tokens"] = value_node({rid: model.draft_tokens[rid] for rid in sorted(model.draft_tokens)})
+    if config.aligned_mamba_group_ids and model.state_tokens:
+        kwargs["state_tokens"] = value_node({rid: model.state_tokens[rid] for rid in sorted(model.state_tokens)})
     if any(group.kind == "rswa" for group in config.groups):
         kwargs["prompt_lengths"] = value_node({rid: model.prompt_lengths[rid] for rid in sorted(model.tables)})
     if config.async_scheduling:
@@ -1308,6 +1312,8 @@ class Step:
         copies: list[list[int]] | None = None,
         zeroed: list[int] | None = None,
         offloads: list[list[object]] | None = None,
+        draft_tokens: dict[str, int] | None = None,
+        state_tokens: dict[str, int] | None = None,
     ) -> None:
         """Check vLLM after the step, in the order kvcheck checks its invariants (so the first failure names
         the invariant kvcheck reports): vLLM's own consistency, then the state kvcheck's model predicts.
@@ -1319,7 +1325,10 @@ class Step:
         freed yet; ``prompt_lengths`` each request's prompt length (with R-SWA groups); ``in_flight`` the
         block ids each step still in flight reads and writes, per group; ``copies`` the (source,
         destination) block copies the step queued; ``zeroed`` the blocks it hands the worker to zero.
-        ``offloads`` the boundary states offered a KV connector, as [request, group, block id, tokens].
+        ``offloads`` the boundary states offered a KV connector, as [request, group, block id, tokens];
+        ``draft_tokens`` the most draft tokens a speculative step of each request scheduled and
+        ``state_tokens`` the tokens each request's last step ran up to, drafts included (beside
+        align-mode Mamba groups).
         """
         pool = manager.block_pool
         actual_tables = block_tables(manager)
@@ -1338,7 +1347,7 @@ class Step:
                             f"request {request_id} group {group} has {len(blocks)} blocks of "
                             f"{BLOCK_SIZES[group]} tokens for {positions} scheduled positions",
                         )
-        self._check_group_kinds(pool, actual_tables, prompt_lengths)
+        self._check_group_kinds(pool, actual_tables, prompt_lengths, draft_tokens or {}, state_tokens or {})
         self._check_in_flight(actual_tables, pending, actual_free, in_flight)
         self._check_hit_not_written(actual_tables)
         actual_admitted = None if self.allocated is UNSET else self.allocated is not None
@@ -1452,13 +1461,19 @@ class Step:
                 )
 
     def _check_group_kinds(
-        self, pool: BlockPool, tables: dict[str, list[list[int]]], prompt_lengths: dict[str, int] | None
+        self,
+        pool: BlockPool,
+        tables: dict[str, list[list[int]]],
+        prompt_lengths: dict[str, int] | None,
+        draft_tokens: dict[str, int],
+        state_tokens: dict[str, int],
     ) -> None:
         """What ring-buffer, cross-attention, R-SWA and Mamba groups keep, needing no model: a ring holds one
         block and cross-attention the encoder's blocks (none null or cached); R-SWA keeps every prompt block
         and frees one run of blocks after them; Mamba ends in its state blocks (1 + its speculative blocks
         at least), with null blocks only before them and none cached; align-mode Mamba ends in a live
-        block and holds at most MAX_LIVE_STATES."""
+        block and holds at most MAX_LIVE_STATES, its speculative blocks and one more per block its
+        request's most draft tokens span, with a live block where its last step saved the state."""
         sized = (
             ("ring_holds_one_block", "ring", 1),
             ("cross_attention_holds_encoder_blocks", "cross_attention", ENCODER_BLOCKS),
@@ -1512,13 +1527,24 @@ class Step:
             for group, blocks in enumerate(table):
                 if GROUP_KINDS[group] != "mamba_align" or not blocks:
                     continue
-                limit = MAX_LIVE_STATES + SPECULATIVE_BLOCKS[group]
+                drafts = -(-draft_tokens.get(request_id, 0) // BLOCK_SIZES[group])
+                limit = MAX_LIVE_STATES + SPECULATIVE_BLOCKS[group] + drafts
                 if not blocks[-1] or len([b for b in blocks if b]) > limit:
                     detail = (
                         f"request {request_id} group {group} (Mamba, align mode) must end in a live block and hold "
                         f"at most {limit} live blocks, null blocks elsewhere"
                     )
                     self.fail("mamba_align_keeps_few_states", detail, f"at most {limit} live", blocks)
+                if request_id not in state_tokens:
+                    continue
+                state = -(-state_tokens[request_id] // BLOCK_SIZES[group]) - 1
+                if state >= len(blocks) - SPECULATIVE_BLOCKS[group] or not blocks[state]:
+                    detail = (
+                        f"request {request_id} group {group} (Mamba, align mode): its last step ended after token "
+                        f"{state_tokens[request_id]}, so its state is saved at position {state}, which holds no "
+                        "live block"
+                    )
+                    self.fail("mamba_align_keeps_few_states", detail, f"a live block at position {state}", blocks)
 
     def _check_in_flight(
         self,

@@ -72,7 +72,12 @@ class Observation:
     blocks must still be held.  ``events`` is the KV cache event stream
     taken after every step since the target was built (empty unless the
     configuration enables events).  ``prompt_lengths`` maps each request the
-    target knows to its prompt's length in tokens.
+    target knows to its prompt's length in tokens; ``draft_tokens`` each
+    request that ran a speculative decode step to the most draft tokens
+    one of its steps scheduled; ``state_tokens`` each request that ran a
+    step since it was admitted to the tokens its last step ran up to,
+    drafts included (an align-mode Mamba group's state is saved in the
+    block of that step's last token).
     """
 
     free_order: tuple[int, ...]
@@ -86,3 +91,5 @@ class Observation:
     in_flight_reads: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
     events: tuple[CacheEvent, ...] = ()
     prompt_lengths: Mapping[str, int] = attrs.field(factory=dict)
+    draft_tokens: Mapping[str, int] = attrs.field(factory=dict)
+    state_tokens: Mapping[str, int] = attrs.field(factory=dict)

@@ -46,13 +46,17 @@ def read_positions(
     num_new_tokens: int,
     num_prompt_tokens: int,
     num_encoder_tokens: int = 0,
+    state_tokens: int | None = None,
 ) -> GroupPositions:
     """Per group, the block positions a step that computes ``num_new_tokens`` tokens after
     ``num_computed_tokens`` reads or writes (of a request with a ``num_prompt_tokens``-token prompt):
     the attended blocks up to the last new token; an R-SWA group's prompt and window; a ring
     buffer's block; cross-attention's blocks for the encoder's tokens; an align-mode Mamba group's
     state block before the step and the block of its last token.  ``block_sizes`` has each
-    group's block size."""
+    group's block size; ``state_tokens`` the tokens the request's last step ran up to, drafts
+    included (``None``: it ran none since it was last admitted from waiting): vLLM's model runner
+    saved the state in that step's last block and copies it from there, so after rejected drafts
+    it lies past the computed tokens."""
     positions = []
     for group, block_size in zip(groups, block_sizes, strict=True):
         end = -(-(num_computed_tokens + num_new_tokens) // block_size)
@@ -62,7 +66,7 @@ def read_positions(
             positions.append(tuple(range(-(-num_encoder_tokens // block_size))))
         elif group.kind == "mamba_align":
             # The state it starts from and the block of its last token; the positions between are null.
-            start_state = -(-num_computed_tokens // block_size) - 1
+            start_state = -(-(num_computed_tokens if state_tokens is None else state_tokens) // block_size) - 1
             positions.append(tuple(sorted({p for p in (start_state, end - 1) if p >= 0})))
         else:
             gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)

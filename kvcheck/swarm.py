@@ -132,7 +132,9 @@ class _Run:
             )
             if ready:
                 drafts = rng.randint(1, 4)
-                return [SpecDecode(rng.choice(ready), drafts, rng.randint(0, drafts), rng.randrange(TOKEN_ALPHABET))]
+                request_id = rng.choice(ready)
+                drafts = max(drafts, model.min_draft_tokens(request_id))
+                return [SpecDecode(request_id, drafts, rng.randint(0, drafts), rng.randrange(TOKEN_ALPHABET))]
             kind = "schedule"
         if kind == "process_output" and model.pipeline.steps:
             return [ProcessOutput()]

@@ -453,20 +453,39 @@ def mamba_align_keeps_few_states(check: StepCheck) -> None:
     position, and at most two live blocks (the state a step copies from and the one it writes), one
     more under async scheduling (a step in flight keeps the state it started from), and its
     speculative blocks; with prefill checkpoints, one more per step not yet processed (the checkpoint
-    a chunk keeps before its last state); every other position holds the null block.
+    a chunk keeps before its last state); with speculative decode steps, one more per block the
+    request's most drafts span (a step's table ends where its drafts end, the allocator records the
+    last state there, and frees it only once the processed tokens pass it, so after rejected drafts
+    the states of several steps wait); every other position holds the null block.  The block where
+    the request's last step saved its state, that of the step's last token (drafts included), is live.
 
     Guards: null padding off by one (the new state not at the last slot's
     block); positions between states given real blocks, as an attention
-    group's are; states behind the processed tokens never freed (the
-    target's own state, checked without the model)."""
+    group's are; states behind the processed tokens never freed; a step
+    ending short of the table's end after rejected drafts, whose state the
+    model runner would save in the null block (the target's own state,
+    checked without the model)."""
     in_flight = 1 if check.config.async_scheduling else 0
     for rid, group_id, table in _tables_of_kind(check, "mamba_align"):
         if not table:
             continue
         group = check.config.groups[group_id]
         checkpoints = 0 if group.prefill_checkpoint_alignment is None else 1 + in_flight
-        limit = 2 + in_flight + group.speculative_blocks + checkpoints
+        block_size = check.config.group_block_size(group_id)
+        drafts = ceil_div(check.sut.draft_tokens.get(rid, 0), block_size)
+        limit = 2 + in_flight + group.speculative_blocks + checkpoints + drafts
         live = [b for b in table if b != 0]
+        state_tokens = check.sut.state_tokens.get(rid)
+        state = None if state_tokens is None else ceil_div(state_tokens, block_size) - 1
+        if state is not None and (state >= len(table) - group.speculative_blocks or table[state] == 0):
+            _fail(
+                check,
+                "mamba_align_keeps_few_states",
+                f"request {rid} group {group_id} (Mamba, align mode): its last step ended after token "
+                f"{state_tokens}, so its state is saved at position {state}, which holds no live block",
+                f"a live block at position {state}",
+                list(table),
+            )
         if table[-1] == 0 or len(live) > limit:
             _fail(
                 check,

@@ -25,6 +25,7 @@ from kvcheck.ops import (
     StartAsyncLoad,
     StateOffload,
     StepResult,
+    ends_short_of_its_state,
     flat_state_offloads,
     plan_async_load,
     plan_step,
@@ -81,6 +82,11 @@ class RequestModel:
     shared_prefix_boundary: int = 0
     """Set by each lookup: the end of the longer prefix a group found cached when the hit fell short of
     it (0 when none did)."""
+    max_draft_tokens: int = 0
+    state_tokens: int | None = None
+    """The tokens the request's last step ran up to, drafts included (``None``: none since it was
+    admitted): an align-mode Mamba group's state is saved in that step's last block."""
+    """The most draft tokens a speculative decode step of the request scheduled (0: it ran none)."""
 
 
 class ManagerModel:
@@ -359,6 +365,14 @@ class ManagerModel:
         """Running requests whose every token but the last is computed: a speculative step may run."""
         return sorted(r for r, m in self.requests.items() if m.running and m.num_computed_tokens == len(m.tokens) - 1)
 
+    def min_draft_tokens(self, request_id: str) -> int:
+        """The fewest draft tokens a speculative step of ``request_id`` runs with beside an align-mode Mamba
+        group: as many as reach where its last step ended (:func:`~kvcheck.ops.ends_short_of_its_state`)."""
+        request = self.requests[request_id]
+        if request.state_tokens is None or not self.aligned_mamba:
+            return 0
+        return max(0, request.state_tokens - request.num_computed_tokens - 1)
+
     def plain_hit_tokens(self, request_id: str) -> int:
         """The longest hit, in tokens, below the last token and on the scheduler block size, that every
         group accepts (no drafter)."""
@@ -493,6 +507,12 @@ class ManagerModel:
             deferred_frees=tuple(tuple(self.pool.holders[key]) for _, key in self.pipeline.deferred),
             events=tuple(self.events or ()),
             prompt_lengths={rid: request.num_prompt_tokens for rid, request in self.requests.items()},
+            state_tokens={
+                rid: request.state_tokens for rid, request in self.requests.items() if request.state_tokens is not None
+            },
+            draft_tokens={
+                rid: request.max_draft_tokens for rid, request in self.requests.items() if request.max_draft_tokens
+            },
         )
 
     # -- operations -----------------------------------------------------------
@@ -579,6 +599,10 @@ class ManagerModel:
             hit_length if waiting else None,
             placeholders,
         )
+        if not waiting and ends_short_of_its_state(
+            self.config, request.state_tokens, request.num_computed_tokens + amounts.num_new_tokens
+        ):
+            return StepResult()
         if waiting and amounts.hit_length is not None and amounts.hit_length != hit_length:
             hit_length, hit_ids = amounts.hit_length, self.truncate_hit(hit_ids, amounts.hit_length)
             self.hits_cut_back += 1
@@ -599,6 +623,7 @@ class ManagerModel:
         request.running = True
         request.waiting = False
         request.num_computed_tokens = total_computed + amounts.num_new_tokens
+        request.state_tokens = request.num_computed_tokens
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, len(request.tokens), op.sampled_token, ()):
             request.tokens.append(op.sampled_token)
         return StepResult(
@@ -825,24 +850,29 @@ class ManagerModel:
             return StepResult()
         if not self.config.runs_spec_decode:
             return StepResult()
+        main = request.num_computed_tokens + 1 + op.num_draft_tokens
+        if ends_short_of_its_state(self.config, request.state_tokens, main):
+            return StepResult()
         self.cached_this_step.clear()  # a new scheduler step starts
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
         slots = request.num_computed_tokens + 1 + num_drafts + self.config.num_lookahead_tokens
         no_hit = tuple(() for _ in self.groups)
-        main = request.num_computed_tokens + 1 + num_drafts
         new_ids = self._allocate(rid, False, no_hit, request.num_computed_tokens, 0, slots, main)
         if new_ids is None:
             return StepResult(admitted=False)
         if self.config.enable_caching:
             # allocate_slots caches what exists before the verifier runs (the drafts do not).
             self._cache_full_blocks(rid, len(request.tokens))
+        copies = self._release_copies()  # at scheduling, before the verifier's output
+        request.max_draft_tokens = max(request.max_draft_tokens, num_drafts)
+        request.state_tokens = main
         request.waiting = False
         request.num_computed_tokens += 1 + num_accepted
         request.tokens.extend([op.sampled_token] * (num_accepted + 1))
         if self.config.enable_caching:
             self._cache_full_blocks(rid, request.num_computed_tokens)
-        return StepResult(admitted=True, new_block_ids=new_ids, num_slots=slots)
+        return StepResult(admitted=True, new_block_ids=new_ids, num_slots=slots, block_copies=copies)
 
     def _slot_blocks(self, rid: str, group_id: int, num_tokens: int) -> int:
         """The blocks the request's table in ``group_id`` holds once it has ``num_tokens`` slots: a
@@ -1284,6 +1314,7 @@ class ManagerModel:
         self._release(rid, finished=False)
         request = self.requests[rid]
         request.num_computed_tokens = 0
+        request.state_tokens = None
         request.running = False
         request.loading = False
         request.waiting = True

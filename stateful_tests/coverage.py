@@ -82,6 +82,7 @@ SUB_BLOCK_HIT_CUT_BACK = "sub-block hit cut back to a block boundary for externa
 STATE_OFFERED = "Mamba state offered a connector with its block"
 STATE_OFFERED_FROM_ITS_COPY = "Mamba state cached inside a block offered a connector from its copy"
 FINISHED_STATE_OFFERED = "finishing request's Mamba state inside its block offered a connector"
+TABLE_PAST_STATE_AFTER_DRAFTS = "align-mode Mamba table left past its state by rejected drafts"
 
 ALIGN_FEATURE_LABELS = (
     PREFILL_CHECKPOINT_CACHED,
@@ -101,12 +102,13 @@ ALIGN_FEATURE_LABELS = (
     STATE_OFFERED,
     STATE_OFFERED_FROM_ITS_COPY,
     FINISHED_STATE_OFFERED,
+    TABLE_PAST_STATE_AFTER_DRAFTS,
 )
 """The labels of align-mode Mamba features: prefill checkpoints, sparse state retention, an EAGLE drafter
 beside the group (and its one-hash-block drop with sub-block hits), shared-prefix checkpoints, steps of several
 requests, sub-block hits inside blocks sharded over decode context parallel ranks, a connector's external
 tokens (and the sub-block hits they supersede), boundary states offered a connector (from a copy, and as a
-request finishes)."""
+request finishes), speculative decode steps whose rejected drafts leave the table past the state."""
 
 SAMBA_LABELS = (STATE_HIT_BESIDE_WINDOW, STATE_HIT_WITH_SUB_BLOCK_HITS_OFF, RSWA_HIT_INSIDE_BLOCK)
 """The labels of Mamba states beside local attention (the ``samba`` layout): sub-block hits off beside a
@@ -379,6 +381,19 @@ def _partial_entries(model: ManagerModel) -> set[tuple[CacheKey, int]]:
     }
 
 
+def _table_past_state(model: ManagerModel, rid: str) -> bool:
+    """Whether an align-mode Mamba table of ``rid`` holds positions past the block of its computed tokens'
+    state, besides its speculative blocks: the blocks of drafts a verifier rejected, where the allocator
+    records the last state and the model runner saves the next one."""
+    computed = model.requests[rid].num_computed_tokens
+    return any(
+        len(model.pool.holders.get((rid, g), ())) - group.speculative_blocks
+        > -(-computed // model.config.group_block_size(g))
+        for g, group in enumerate(model.groups)
+        if group.kind == "mamba_align"
+    )
+
+
 def _checkpoint_labels(model: ManagerModel, rid: str, new_block_ids: GroupIds) -> list[str]:
     """The labels of the prefill checkpoints a request's step keeps: one whose block is entered under
     the key of a boundary past the block's end (a state kept in the block before its own position), one
@@ -456,6 +471,8 @@ def step_labels(
         labels.append(LOOKAHEAD_REFUSED)
     if isinstance(op, SpecDecode) and result.admitted and op.num_accepted_tokens < op.num_draft_tokens:
         labels.append(ROLLBACK_AFTER_REJECTION)
+    if isinstance(op, SpecDecode) and result.admitted and _table_past_state(model, op.request_id):
+        labels.append(TABLE_PAST_STATE_AFTER_DRAFTS)
     if before.window_held and result.admitted:
         labels.append(WINDOW_HELD_FOR_IN_FLIGHT)
     if len(model.pipeline.deferred) < before.num_deferred:

@@ -202,9 +202,11 @@ def manager_machine(
         @precondition(lambda self: bool(self.lockstep.model.decode_ready()))
         @rule(data=st.data(), num_draft_tokens=st.integers(1, 4), sampled_token=tokens)
         def spec_decode(self, data: st.DataObject, num_draft_tokens: int, sampled_token: int) -> None:
-            """A drafter proposed tokens for a running request at its last token; the verifier
-            accepts some of them, and the rest are rolled back."""
+            """A drafter proposed tokens for a running request at its last token (beside an align-mode
+            Mamba group, at least as many as reach where its last step ended); the verifier accepts
+            some of them, and the rest are rolled back."""
             request_id = data.draw(st.sampled_from(self.lockstep.model.decode_ready()), label="request")
+            num_draft_tokens = max(num_draft_tokens, self.lockstep.model.min_draft_tokens(request_id))
             accepted = data.draw(st.integers(0, num_draft_tokens), label="accepted")
             self._step(SpecDecode(request_id, num_draft_tokens, accepted, sampled_token))
 

@@ -14,6 +14,13 @@ TOKEN_ALPHABET = 3
 """Prompts draw from a tiny alphabet so that prefixes collide and hits happen often."""
 
 
+MAMBA_LAYOUT_SHARES = {"block_sizes_share": 2 / 3, "dcp_share": 0.6}
+"""The shares the Mamba layouts' run draws with (twice the defaults of
+:func:`~kvcheck.config_space.random_config`): its rarest states, a hit ending inside a drafter's block
+after its one-hash-block drop and a state hit ending inside a block sharded over DCP ranks, need hashes
+finer than the blocks or several ranks."""
+
+
 def target_configs(
     num_groups: int | str | None = None,
     full_pool: bool = False,
@@ -30,8 +37,11 @@ def target_configs(
     """
     layout = num_groups if isinstance(num_groups, str) else None
     count = None if isinstance(num_groups, str) else num_groups
+    shares = MAMBA_LAYOUT_SHARES if layout == "mamba" else {}
     return st.integers(0, 2**32 - 1).map(
-        lambda seed: random_config(random.Random(seed), count, full_pool, caching, drafter_and_async, layout=layout)
+        lambda seed: random_config(
+            random.Random(seed), count, full_pool, caching, drafter_and_async, layout=layout, **shares
+        )
     )
 
 

@@ -12,13 +12,20 @@ from kvcheck.stateful_tests.profiles import labels_must_be_reached
 from kvcheck.stateful_tests.run import run_manager_machine
 from kvcheck.targets import TargetFactory
 
+MAMBA_EXAMPLES_FACTOR = 2
+"""Where every label must be reached, the Mamba layouts' run searches with this many times the profile's
+examples: it must reach the most labels, some of them in about one example in a hundred."""
+
 
 def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_groups: int | str | None) -> None:
     """Interleaved schedule / decode / preempt / failed-load / evict / reset / finish sequences
     across 1 to 4 hybrid groups (or the Mamba layouts) keep every named invariant after every step,
     and, under a derandomized profile with the ci budget, reach every coverage label the run must reach."""
     before = Counter(LABELS_SEEN)
-    run_manager_machine(make_target, num_groups)
+    base = settings.default
+    if num_groups == "mamba" and labels_must_be_reached(base):
+        base = settings(base, max_examples=MAMBA_EXAMPLES_FACTOR * base.max_examples)
+    run_manager_machine(make_target, num_groups, base)
     seen = LABELS_SEEN - before
     missing = [label for label in reachable_labels(num_groups) if not seen[label]]
     if not missing:

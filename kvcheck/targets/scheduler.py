@@ -30,6 +30,7 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
+    ends_short_of_its_state,
     flat_state_offloads,
     plan_async_load,
     plan_step,
@@ -68,6 +69,10 @@ class SchedulerDrivenTarget:
         self._prefix_of_event_hash: dict[Hashable, tuple[int, ...]] = {}
         self.events: list[CacheEvent] = []
         self._hashes_learned: dict[str, int] = {}
+        self._draft_tokens: dict[str, int] = {}
+        # Per request, the tokens its last step ran up to, drafts included: where vLLM's model runner
+        # saved its align-mode Mamba state, and reads it from at the next step (none once preempted).
+        self._state_tokens: dict[str, int] = {}
 
     # -- hooks ----------------------------------------------------------------
 
@@ -249,6 +254,8 @@ class SchedulerDrivenTarget:
             tails = self._finalize_tail_offloads(request)
             self._release(request, op.request_id, finished=True)
             del self.requests[op.request_id], self._hashes_learned[op.request_id]
+            self._draft_tokens.pop(op.request_id, None)
+            self._state_tokens.pop(op.request_id, None)
             self.running.discard(op.request_id)
             self.loading.discard(op.request_id)
             return StepResult(state_offloads=flat_state_offloads({op.request_id: tails}))
@@ -290,6 +297,10 @@ class SchedulerDrivenTarget:
             hit[1] if hit else None,
             placeholders,
         )
+        if not waiting and ends_short_of_its_state(
+            self.config, self._state_tokens.get(rid), request.num_computed_tokens + amounts.num_new_tokens
+        ):
+            return StepResult()
         if hit is not None and amounts.hit_length is not None:
             hit = self._adopted_hit(hit, amounts.hit_length)
         hit_length = hit[1] if hit is not None else 0
@@ -304,6 +315,7 @@ class SchedulerDrivenTarget:
         request.num_computed_tokens += hit_length + amounts.num_external_tokens
         reads = self._reads(request, request.num_computed_tokens, amounts.num_new_tokens)
         request.num_computed_tokens += amounts.num_new_tokens
+        self._state_tokens[rid] = request.num_computed_tokens
         num_slots = request.num_computed_tokens + lookahead
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, request.num_tokens, op.sampled_token, reads):
             request.append_output_token_ids(op.sampled_token)
@@ -344,6 +356,9 @@ class SchedulerDrivenTarget:
             return StepResult()  # a speculative step is scheduled and processed at once: only with none in flight
         if not self.config.runs_spec_decode:
             return StepResult()
+        end = request.num_computed_tokens + 1 + op.num_draft_tokens
+        if ends_short_of_its_state(self.config, self._state_tokens.get(op.request_id), end):
+            return StepResult()
         self._new_step_starts()
         num_drafts = op.num_draft_tokens
         num_accepted = min(op.num_accepted_tokens, num_drafts)
@@ -351,13 +366,21 @@ class SchedulerDrivenTarget:
         if new_blocks is None:
             return StepResult(admitted=False)
         self._on_admitted(request)
+        copies = self._release_copies()  # at scheduling, before the verifier's output
+        self._draft_tokens[op.request_id] = max(self._draft_tokens.get(op.request_id, 0), num_drafts)
         request.num_computed_tokens += 1 + num_drafts
+        self._state_tokens[op.request_id] = request.num_computed_tokens
         num_slots = request.num_computed_tokens + self.config.num_lookahead_tokens
         request.num_computed_tokens -= num_drafts - num_accepted
         request.append_output_token_ids([op.sampled_token] * (num_accepted + 1))
         self._learn_hashes(op.request_id)
         self._cache_blocks(request, request.num_computed_tokens)
-        return StepResult(admitted=True, new_block_ids=self._block_ids(new_blocks), num_slots=num_slots)
+        return StepResult(
+            admitted=True,
+            new_block_ids=self._block_ids(new_blocks),
+            num_slots=num_slots,
+            block_copies=copies,
+        )
 
     def _start_async_load(self, op: StartAsyncLoad) -> StepResult:
         """The hit and the external tokens, allocated with ``delay_cache_blocks`` and no lookahead, as
@@ -413,6 +436,7 @@ class SchedulerDrivenTarget:
             num_new_tokens,
             request.num_prompt_tokens,
             config.num_encoder_tokens,
+            self._state_tokens.get(request.request_id),
         )
 
     def _reads(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> GroupIds:
@@ -440,6 +464,7 @@ class SchedulerDrivenTarget:
         request = self.requests[request_id]
         self._release(request, request_id, finished=False)
         request.num_computed_tokens = 0
+        self._state_tokens.pop(request_id, None)
         self._on_preempted(request, request_id in self.running)
         self.running.discard(request_id)
         self.loading.discard(request_id)
@@ -454,6 +479,8 @@ class SchedulerDrivenTarget:
             "in_flight_reads": self.pipeline.held_reads(),
             "events": tuple(self.events),
             "prompt_lengths": {rid: request.num_prompt_tokens for rid, request in self.requests.items()},
+            "draft_tokens": dict(self._draft_tokens),
+            "state_tokens": dict(self._state_tokens),
         }
 
     def _learn_hashes(self, request_id: str) -> None:

@@ -12,7 +12,7 @@ from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.lockstep import Lockstep
 from kvcheck.models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
 from kvcheck.observation import ClearedEvent, RemovedEvent
-from kvcheck.ops import AddRequest, Finish, Schedule
+from kvcheck.ops import AddRequest, Finish, Schedule, SpecDecode
 from kvcheck.targets import load_target
 
 CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
@@ -339,6 +339,39 @@ def test_every_invariant_has_a_breaking_step() -> None:
 def test_a_consistent_step_keeps_every_invariant() -> None:
     """On a step replayed from kvcore every invariant holds."""
     check_all(two_requests_sharing_a_prefix())
+
+
+def states_after_rejected_drafts() -> StepCheck:
+    """One align-mode Mamba group in 1-token blocks: a's speculative steps of 3 drafts (2 accepted), then 1
+    (none accepted), then 1 (accepted).  Each step's table ends where its drafts end; the allocator frees a
+    recorded state only once the processed tokens pass it, so three states wait."""
+    config = TargetConfig(8, 1, (GroupSpec("mamba_align"),), True)
+    ops = [AddRequest("a", (0,)), Schedule("a", 1, 0, 0), SpecDecode("a", 3, 2, 0)]
+    return checked_step(config, [*ops, SpecDecode("a", 1, 0, 0), SpecDecode("a", 1, 1, 0)])
+
+
+def test_the_states_of_several_steps_wait_after_rejected_drafts() -> None:
+    """mamba_align_keeps_few_states allows one more live state per block the most drafts span: without
+    that allowance the same table breaks it."""
+    check = states_after_rejected_drafts()
+    table = check.sut.tables["a"][0]
+    assert table[:4] == (0, 0, 0, 0) and 0 not in table[4:] and len(table) == 7
+    assert check.sut.draft_tokens == {"a": 3} and check.sut.state_tokens == {"a": 7}
+    check_all(check)
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(with_sut(check, draft_tokens={}))
+    assert caught.value.invariant == "mamba_align_keeps_few_states", str(caught.value)
+    assert "at most 2 live blocks" in str(caught.value)
+
+
+def test_a_state_saved_in_the_null_padding_breaks_mamba_align_keeps_few_states() -> None:
+    """A last step ending after token 4, whose state goes to position 3, the null padding before the
+    drafts' blocks, is reported by name."""
+    check = with_sut(states_after_rejected_drafts(), state_tokens={"a": 4})
+    with pytest.raises(InvariantViolation) as caught:
+        check_all(check)
+    assert caught.value.invariant == "mamba_align_keeps_few_states", str(caught.value)
+    assert "saved at position 3, which holds no live block" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", list(BREAKAGES))

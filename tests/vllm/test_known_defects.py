@@ -71,8 +71,8 @@ def test_a_speculative_step_beside_prefill_checkpoints_asserts() -> None:
     logic counts them: a 14-token prompt in 3-token align-mode Mamba blocks with prefill checkpoints,
     computed to 15 tokens (16 known), schedules its last token and 3 drafts; the step's checkpoint falls
     past the request's hashes and ``cache_partial_block`` asserts.  kvcore keeps such a checkpoint
-    uncached, as a transient one; kvcheck runs no speculative decode step beside an align-mode group
-    (``TargetConfig.runs_spec_decode`` gives its reasons)."""
+    uncached, as a transient one; kvcheck runs no speculative decode step beside an align-mode group with
+    prefill checkpoints (``TargetConfig.runs_spec_decode``)."""
     group = GroupSpec("mamba_align", prefill_checkpoint_alignment=1)
     manager = make_manager([group], 4, 3, True)
     request = make_request("a", [0] * 14, 3)
@@ -85,6 +85,30 @@ def test_a_speculative_step_beside_prefill_checkpoints_asserts() -> None:
     with pytest.raises(AssertionError) as raised:
         manager.allocate_slots(request, 1 + 3)
     assert raised.traceback[-1].name == "_get_partial_block_hash"
+
+
+def test_a_step_ending_short_of_rejected_drafts_leaves_its_state_position_null() -> None:
+    """vLLM's model runner saves a step's Mamba state in the block of the step's last token (drafts
+    included) and copies it from there at the next step.  A 1-token prompt in 1-token align-mode blocks
+    schedules its last token and 2 drafts, both rejected: the table reaches 4 positions (its state block
+    at position 3) with 2 tokens computed.  A step without drafts ends after token 3, so its state goes
+    to position 2, but 3 slots need no new block: nothing is allocated, and position 2 holds the null
+    block, shared by every table's padding.  kvcore allocates as vLLM does; kvcheck runs no step ending
+    short of its request's last drafts' end beside an align-mode group (a drafter proposing as many
+    tokens every step schedules none: ``kvcheck.ops.ends_short_of_its_state``)."""
+    manager = make_manager([GroupSpec("mamba_align")], 8, 1, True)
+    states = manager.coordinator.single_type_managers[0]
+    request = make_request("a", [0], 1)
+    assert manager.allocate_slots(request, 1) is not None
+    request.num_computed_tokens = 1
+    request.append_output_token_ids(0)
+    assert manager.allocate_slots(request, 1 + 2) is not None
+    request.num_computed_tokens += 1  # both drafts rejected
+    request.append_output_token_ids(0)
+    assert [block.is_null for block in states.req_to_blocks["a"]] == [False, True, True, False]
+    new_blocks = manager.allocate_slots(request, 1)
+    assert new_blocks is not None and not any(new_blocks.get_block_ids()[0])
+    assert states.req_to_blocks["a"][2].is_null  # where the state after token 3 goes, in 1-token blocks
 
 
 def _drafter_in_every_group(attention: GroupSpec, block_sizes: list[int], hash_block_size: int) -> Any:
