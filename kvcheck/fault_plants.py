@@ -906,6 +906,19 @@ def aligned_mamba_managers(manager: kvcore.KVCacheManager) -> list[AlignedMambaM
     return [m for m in manager.coordinator.managers if isinstance(m, AlignedMambaManager)]
 
 
+def plant_mamba_align_allocates_lookahead_slots(manager: kvcore.KVCacheManager) -> None:
+    coordinator = manager.coordinator
+    allocate = coordinator.allocate_new_blocks
+
+    def allocate_new_blocks(
+        request_id: str, num_tokens: int, num_encoder_tokens: int = 0, num_tokens_main_model: int | None = None
+    ) -> tuple[list[KVBlock], ...]:
+        # Every group grown to every slot: an align-mode Mamba group's too, the drafter's lookahead included.
+        return allocate(request_id, num_tokens, num_encoder_tokens)
+
+    coordinator.allocate_new_blocks = allocate_new_blocks  # type: ignore[method-assign]
+
+
 def plant_mamba_state_search_stops_at_first_miss(manager: kvcore.KVCacheManager) -> None:
     coordinator = manager.coordinator
     for group_manager in aligned_mamba_managers(manager):

@@ -269,6 +269,13 @@ FAULTS: dict[str, Fault] = {
             plants.plant_mamba_align_speculative_blocks_not_counted,
         ),
         Fault(
+            "mamba-align-allocates-lookahead-slots",
+            "an align-mode Mamba group's table grows to every slot of the step, the drafter's lookahead included "
+            "(a drafter has no Mamba layers): its new state block lands past the step's last token, whose state "
+            "the model runner saves in the null padding",
+            plants.plant_mamba_align_allocates_lookahead_slots,
+        ),
+        Fault(
             "partial-hit-not-copied",
             "a hit ending inside a block is not recorded for its copy on write: the request's table keeps the "
             "block the prefix cache shares, and the request writes its next tokens into it",

@@ -566,6 +566,18 @@ def _mamba_align_counts_the_padding(manager: Any) -> None:
         _recount_blocks(group_manager, recount)
 
 
+def _mamba_align_allocates_lookahead_slots(manager: Any) -> None:
+    for group_manager in _align_mode_mamba_managers(manager):
+        allocate = group_manager.allocate_new_blocks
+
+        def allocate_new_blocks(
+            request_id: str, num_tokens: int, num_tokens_main_model: int, allocate: Any = allocate
+        ) -> Any:
+            return allocate(request_id, num_tokens, num_tokens)
+
+        group_manager.allocate_new_blocks = allocate_new_blocks
+
+
 def _mamba_align_speculative_blocks_not_counted(manager: Any) -> None:
     for group_manager in _align_mode_mamba_managers(manager):
         count_blocks = group_manager.get_num_blocks_to_allocate
@@ -894,6 +906,12 @@ VLLM_FAULTS: dict[str, Fault] = {
             "vLLM MambaManager.get_num_blocks_to_allocate in the align mode capping a request's first allocation "
             "at one block, as if it were in _allocated_block_reqs",
             _mamba_align_speculative_blocks_not_counted,
+        ),
+        Fault(
+            "mamba-align-allocates-lookahead-slots",
+            "vLLM MambaManager.allocate_new_blocks in the align mode without `num_tokens = num_tokens_main_model`: "
+            "the table grows to the drafter's lookahead slots too",
+            _mamba_align_allocates_lookahead_slots,
         ),
         Fault(
             "partial-hit-not-copied",

@@ -363,6 +363,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
         [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
         "target_raised",
     ),
+    # A drafter's 2 lookahead slots beside 2-token Mamba blocks: r0's 3-token step saves its state in the
+    # block of token 3 (position 1), but a table grown to 5 slots padded that position with the null block.
+    "mamba-align-allocates-lookahead-slots": (
+        TargetConfig(6, 2, (GroupSpec("mamba_align"),), True, num_lookahead_tokens=2),
+        [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 3)],
+        "mamba_align_keeps_few_states",
+    ),
     # Full attention and Mamba states in 4-token blocks, hashed every 2 tokens: r0's chunks stop at its
     # prompt's last hash boundary, 6, where its state is cached inside block 1, and r1 hits it there.
     "partial-hit-not-copied": (
