@@ -617,15 +617,15 @@ def lru_eviction_when_caching_on(check: StepCheck) -> None:
         _same_reuse_order(check, "lru_eviction_when_caching_on")
 
 
+def _same_result(check: StepCheck, field: str, invariant: str, detail: str) -> None:
+    """The target's ``field`` of the step's result is the model's, or ``invariant`` fails with ``detail``."""
+    expected, actual = getattr(check.model_result, field), getattr(check.sut_result, field)
+    if actual != expected:
+        _fail(check, invariant, detail, expected, actual)
+
+
 def _same_block_copies(check: StepCheck) -> None:
-    if check.sut_result.block_copies != check.model_result.block_copies:
-        _fail(
-            check,
-            "tables_match_model",
-            "the block copies the step queued differ",
-            check.model_result.block_copies,
-            check.sut_result.block_copies,
-        )
+    _same_result(check, "block_copies", "tables_match_model", "the block copies the step queued differ")
 
 
 def tables_match_model(check: StepCheck) -> None:
@@ -855,14 +855,8 @@ def _state_offloads_on_the_target(check: StepCheck) -> None:
 
 
 def _same_state_offloads(check: StepCheck) -> None:
-    if check.sut_result.state_offloads != check.model_result.state_offloads:
-        _fail(
-            check,
-            "state_offloads_well_formed",
-            "the boundary states offered a connector differ from the model's",
-            check.model_result.state_offloads,
-            check.sut_result.state_offloads,
-        )
+    detail = "the boundary states offered a connector differ from the model's"
+    _same_result(check, "state_offloads", "state_offloads_well_formed", detail)
 
 
 def zeroed_blocks_are_fresh(check: StepCheck) -> None:
@@ -988,14 +982,8 @@ def _zeroed_blocks_hold_no_data(
 
 
 def _same_zeroed_blocks(check: StepCheck) -> None:
-    if check.sut_result.zeroed_block_ids != check.model_result.zeroed_block_ids:
-        _fail(
-            check,
-            "zeroed_blocks_are_fresh",
-            "the blocks the step hands the worker to zero differ from the model's",
-            check.model_result.zeroed_block_ids,
-            check.sut_result.zeroed_block_ids,
-        )
+    detail = "the blocks the step hands the worker to zero differ from the model's"
+    _same_result(check, "zeroed_block_ids", "zeroed_blocks_are_fresh", detail)
 
 
 Invariant = Callable[[StepCheck], None]
