@@ -24,6 +24,7 @@ from kvcheck.limits import (
     MAX_SWARM_RUNS,
     above,
 )
+from kvcheck.vllm_releases import semantics_in_force
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -130,13 +131,13 @@ def _run_swarm(args: argparse.Namespace) -> bool:
         f"({report.steps / max(report.seconds, 1e-9):,.0f} steps/s, seed {args.seed}, state checked in full {every})"
     )
     if report.failure is None:
-        print("  swarm verdict: every invariant held")
+        print("  swarm verdict: " + semantics_in_force().qualify("every invariant held"))
         return True
     small = shrink(make_target, report.failure)
     trace = failing_trace(small.config, list(small.ops), small.violation, args.fault, "kvcheck run swarm driver")
     json_path, py_path = write_repro(trace, Path("repros"), f"swarm-{small.violation.invariant}", args.target)
     flag = f" --fault {args.fault}" if args.fault else ""
-    print(f"  swarm verdict: {small.violation}".replace("\n", "\n  "))
+    print(f"  swarm verdict: {semantics_in_force().qualify(str(small.violation))}".replace("\n", "\n  "))
     print(f"  shrunk trace ({len(small.ops)} steps): {json_path}; standalone test: {py_path}")
     print(f"  replay: kvcheck replay {json_path}{flag}")
     return False
@@ -170,14 +171,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if isinstance(loaded, int):
         return loaded
     worst = EXIT_OK
+    semantics = semantics_in_force()
     for path, trace in loaded:
         assert isinstance(trace, Trace)
         outcome = replay(trace, make_target)
         if outcome.violation is None:
-            print(f"{path}: {outcome.steps_run} steps, every invariant held")
+            print(semantics.qualify(f"{path}: {outcome.steps_run} steps, every invariant held"))
             continue
         worst = EXIT_VIOLATION
-        print(f"{path}: FAILED at step {outcome.violation.step} of {len(trace.ops)}")
+        print(semantics.qualify(f"{path}: FAILED at step {outcome.violation.step} of {len(trace.ops)}"))
         print(f"  {outcome.violation}".replace("\n", "\n  "))
         last = outcome.checks[-1] if outcome.checks else None
         if last is not None:
@@ -398,6 +400,88 @@ def cmd_explore(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- doctor -----------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Print the installed vLLM, the semantics followed, the behaviour table on them, what is driven,
+    and each known defect's standing on the installed release."""
+    from kvcheck.config import GROUP_KINDS
+    from kvcheck.known_defects import DEFECTS, defect_status
+    from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
+    from kvcheck.vllm_releases import BEHAVIOURS, KNOWN_VERSIONS, NEWEST, installed_vllm
+
+    semantics = semantics_in_force()
+    found = installed_vllm()
+    print(f"kvcheck knows vLLM {', '.join(KNOWN_VERSIONS)}; kvcore follows {NEWEST}")
+    print(f"installed: {'vLLM not installed' if found is None else f'vLLM {found[0]} at {found[1]}'}")
+    print(f"semantics: {semantics.describe()}")
+    print("behaviours (kvcheck/vllm_releases.py):")
+    for row in BEHAVIOURS:
+        mark = "x" if semantics.has(row.name) else " "
+        source = row.sources.get(semantics.release, "absent")
+        print(f"  [{mark}] {row.name} (since {row.since}; {source})")
+    print(f"driven: every group kind ({', '.join(GROUP_KINDS)}) and feature, the same on every known release")
+    try:
+        require_vllm()
+    except VllmUnavailable as exc:
+        print(f"known defects: not checked ({exc})")
+        return EXIT_OK
+    print("known defects (kvcheck/known_defects.py), on the installed release:")
+    confirmed = semantics.unconfirmed is None
+    for defect in DEFECTS:
+        print(f"  {defect.name}: {defect_status(defect, semantics.release, confirmed)}")
+    return EXIT_OK
+
+
+# -- drift ------------------------------------------------------------------------
+
+
+def cmd_drift_record(args: argparse.Namespace) -> int:
+    from kvcheck.drift import record
+    from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
+    from kvcheck.vllm_releases import KNOWN_VERSIONS
+
+    semantics = args.semantics or KNOWN_VERSIONS[0]
+    refusal = _out_of_range([("--swarm-runs", args.swarm_runs, 0, MAX_SWARM_RUNS), ("--seed", args.seed, 0, MAX_SEED)])
+    if refusal is not None:
+        return _bad_input(refusal)
+    if semantics not in KNOWN_VERSIONS:
+        return _bad_input(f"--semantics: {semantics!r} is not a known vLLM release ({', '.join(KNOWN_VERSIONS)})")
+    try:
+        require_vllm()
+    except VllmUnavailable as exc:
+        return _bad_input(f"drift record: {exc}")
+    document = record(default_corpus().glob("*.json"), args.seed, args.swarm_runs, semantics)
+    output = Path(args.output)
+    try:
+        output.write_text(json.dumps(document) + "\n")
+    except OSError as exc:
+        return _bad_input(f"{output}: cannot write the drift file: {exc.strerror or exc}")
+    steps = sum(len(run["steps"]) for run in document["runs"])
+    print(f"{output}: vLLM {document['vllm']}, {len(document['runs'])} runs, {steps} steps, {semantics}'s calls")
+    return EXIT_OK
+
+
+def cmd_drift_compare(args: argparse.Namespace) -> int:
+    from kvcheck.drift import DriftFileError, compare, read
+
+    try:
+        first, second = read(Path(args.first)), read(Path(args.second))
+        drifts = compare(first, second)
+    except DriftFileError as exc:
+        return _bad_input(str(exc))
+    versions = f"vLLM {first['vllm']} and vLLM {second['vllm']}"
+    if not drifts:
+        print(f"{versions}: {len(first['runs'])} runs alike, step by step, on {first['semantics']}'s calls")
+        return EXIT_OK
+    counts = f"{len(drifts)} of {len(first['runs'])} runs differ"
+    print(f"{versions}: {counts} (each a row of kvcheck/vllm_releases.py or a finding):")
+    for drift in drifts:
+        print(f"  {drift}")
+    return EXIT_VIOLATION
+
+
 # -- export -----------------------------------------------------------------------
 
 
@@ -608,6 +692,35 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", default=None, help="where to write it (default: test_<trace stem>_vllm.py in this folder)"
     )
     export.set_defaults(func=cmd_export)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="what vLLM is installed, which release's semantics kvcheck follows, and which known defects it shows",
+    )
+    doctor.set_defaults(func=cmd_doctor)
+
+    drift = commands.add_parser(
+        "drift", help="record the installed vLLM's outcomes on fixed runs, or diff two releases' recordings"
+    )
+    drift_commands = drift.add_subparsers(dest="drift_command", required=True)
+    drift_record = drift_commands.add_parser(
+        "record", help="drive the installed vLLM through the corpus and a fixed swarm"
+    )
+    drift_record.add_argument("output", metavar="FILE")
+    drift_record.add_argument("--seed", type=int, default=0, help="the swarm's seed (default 0)")
+    drift_record.add_argument(
+        "--swarm-runs", type=int, default=200, help=f"swarm runs recorded besides the corpus (0 to {MAX_SWARM_RUNS})"
+    )
+    drift_record.add_argument(
+        "--semantics",
+        default=None,
+        help="the release whose scheduler calls drive every release (default: the oldest kvcheck knows)",
+    )
+    drift_record.set_defaults(func=cmd_drift_record)
+    drift_compare = drift_commands.add_parser("compare", help="each run's first step that differs between two files")
+    drift_compare.add_argument("first", metavar="FILE")
+    drift_compare.add_argument("second", metavar="FILE")
+    drift_compare.set_defaults(func=cmd_drift_compare)
     return parser
 
 

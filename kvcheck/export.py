@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import builtins
 import enum
+import inspect
 import keyword
 import re
 import textwrap
@@ -52,6 +53,7 @@ from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
 from kvcheck.models.manager_model import ManagerModel
 from kvcheck.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import Operation, StepResult, describe_op
+from kvcheck.targets.vllm_internals import CACHE_ENTRIES, layout
 from kvcheck.targets.vllm_target import (
     HASH_ALGORITHM,
     LAYER_LAYOUT,
@@ -364,10 +366,10 @@ EVENT_NAMES = frozenset({"stream", "Any", "AllBlocksCleared", "BlockRemoved", "B
 
 def reserved_names(events: bool = False) -> frozenset[str]:
     """Names a request's variable must not take: any the exported file uses (one assigned in the test
-    function would make it local there), including every word of the helpers, comments included."""
-    if events:
-        return FIXED_NAMES | EVENT_NAMES | frozenset(re.findall(r"[A-Za-z_]\w*", helpers(events)))
-    return FIXED_NAMES | frozenset(re.findall(r"[A-Za-z_]\w*", HELPERS))
+    function would make it local there), including every word of the helpers (whichever release's
+    map reader they inline), comments included."""
+    words = "\n".join(helpers(events, version) for version in CACHE_ENTRIES)
+    return FIXED_NAMES | (EVENT_NAMES if events else frozenset()) | frozenset(re.findall(r"[A-Za-z_]\w*", words))
 
 
 MAX_VARIABLE_CHARS = 24
@@ -825,7 +827,7 @@ def _render(trace: Trace, facts: FileFacts, steps: list[ExportedStep], verdict: 
         _make_manager(trace.config),
         "",
         "",
-        helpers(events),
+        helpers(events, facts.vllm_version),
         "",
         "",
         "def test_kvcheck_trace() -> None:",
@@ -1217,14 +1219,12 @@ def block_ref_counts(pool: BlockPool) -> dict[int, int]:
     return {block.block_id: block.ref_cnt for block in pool.blocks[1:] if block.ref_cnt}
 
 
+MAP_ENTRIES_READER
+
+
 def cache_entries(pool: BlockPool) -> set[tuple[bytes, int]]:
     """Every entry of the prefix-cache map as (block hash with group id, block id)."""
-    entries = set()
-    # One block under a key, or a dict of blocks by id.
-    for key, blocks in pool.cached_block_hash_to_block._cache.items():
-        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-            entries.add((key, block.block_id))
-    return entries
+    return set(map_entries(pool))
 
 
 def cached_blocks(entries: set[tuple[bytes, int]]) -> list[tuple[int, int]]:
@@ -1758,12 +1758,24 @@ EVENT_EDITS = (
 )
 
 
-def helpers(events: bool) -> str:
-    """The exported file's helpers: :data:`HELPERS`; with KV cache events, also :data:`EVENT_HELPERS` and the
-    event checks in ``Step.check``, where kvcheck checks ``events_match_cache`` and ``events_match_model``."""
+def map_reader(version: str) -> str:
+    """The source of ``map_entries(pool)``, the prefix-cache map's reader as vLLM ``version`` lays the map
+    out, taken from :mod:`kvcheck.targets.vllm_internals` (the one place kvcheck reads vLLM's internals)."""
+    reader = layout(version, CACHE_ENTRIES)
+    source = inspect.getsource(reader)
+    header = f"def {reader.__name__}(pool: Any) -> list[tuple[bytes, int]]:"
+    if source.count(header) != 1:
+        raise AssertionError(f"kvcheck export: {reader.__name__} lost its header {header!r}; a bug in kvcheck")
+    return source.replace(header, "def map_entries(pool: BlockPool) -> list[tuple[bytes, int]]:").rstrip("\n")
+
+
+def helpers(events: bool, version: str) -> str:
+    """The exported file's helpers for vLLM ``version``: :data:`HELPERS` with that release's map reader;
+    with KV cache events, also :data:`EVENT_HELPERS` and the event checks in ``Step.check``, where kvcheck
+    checks ``events_match_cache`` and ``events_match_model``."""
+    text = HELPERS.replace("MAP_ENTRIES_READER", map_reader(version))
     if not events:
-        return HELPERS
-    text = HELPERS
+        return text
     invariant_class = "\n\n\nclass InvariantViolation(AssertionError):"
     for old, replacement in (*EVENT_EDITS, (invariant_class, "\n\n\n" + EVENT_HELPERS + invariant_class)):
         if text.count(old) != 1:

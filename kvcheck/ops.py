@@ -464,7 +464,11 @@ class StepResult:
     it, a finishing request's ``finalize_partial_tail_offloads`` before its
     free), as (request id, group, block id, the tokens the state is after),
     request by request in the order they first appear, each request's group
-    by group (see :func:`flat_state_offloads`).
+    by group (see :func:`flat_state_offloads`).  On releases with the
+    side-effect-free probe (``cached_tokens_probe``, kvcheck/vllm_releases.py),
+    ``probed_tokens`` is what ``get_num_cached_tokens`` said of a waiting
+    request just before its lookup, and ``probe_changed`` names the
+    observed fields the probe changed (none, if it is side-effect free).
     """
 
     admitted: bool | None = None
@@ -477,6 +481,8 @@ class StepResult:
     block_copies: tuple[tuple[int, int], ...] = ()
     zeroed_block_ids: tuple[int, ...] = ()
     state_offloads: tuple[StateOffload, ...] = ()
+    probed_tokens: int | None = None
+    probe_changed: tuple[str, ...] = ()
 
 
 def first_reference_error(ops: Iterable[Operation], num_blocks: int) -> tuple[int, str, str] | None:

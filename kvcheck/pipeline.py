@@ -30,7 +30,8 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import GroupSpec
+from kvcheck.config import MAMBA_KINDS, GroupSpec, TargetConfig
+from kvcheck.vllm_releases import SYNC_MAMBA_OUTPUT_CACHING, Semantics, semantics_in_force
 
 GroupPositions = tuple[tuple[int, ...], ...]
 
@@ -96,12 +97,28 @@ class InFlightStep:
     freed: bool = False
 
 
-class StepPipeline:
-    """The async scheduler's in-flight steps, output placeholders, stale outputs and deferred frees."""
+def caches_after_sync_output(config: TargetConfig, semantics: Semantics) -> bool:
+    """Whether the scheduler caches a request's blocks (up to its computed tokens) after each token a
+    synchronous step samples: in releases with ``sync_mamba_output_caching`` (kvcheck/vllm_releases.py),
+    when a group holds Mamba state and prefix caching is on."""
+    return (
+        semantics.has(SYNC_MAMBA_OUTPUT_CACHING)
+        and config.enable_caching
+        and not config.async_scheduling
+        and any(group.kind in MAMBA_KINDS for group in config.groups)
+    )
 
-    def __init__(self, async_scheduling: bool, defer_block_free: bool) -> None:
+
+class StepPipeline:
+    """The async scheduler's in-flight steps, output placeholders, stale outputs and deferred frees.
+
+    ``caches_sync_output`` says whether a synchronous step's sampled token is followed by
+    ``cache_blocks`` (:func:`caches_after_sync_output`); the callers make that call."""
+
+    def __init__(self, async_scheduling: bool, defer_block_free: bool, caches_sync_output: bool = False) -> None:
         self.async_scheduling = async_scheduling
         self.defer_block_free = defer_block_free
+        self.caches_sync_output = caches_sync_output
         self.steps: deque[InFlightStep] = deque()
         self.sched_seq = 0
         self.processed_seq = 0
@@ -109,6 +126,12 @@ class StepPipeline:
         self.placeholders: dict[str, int] = {}
         self.stale: dict[str, int] = {}
         self.last_sched_seq: dict[str, int] = {}
+
+    @classmethod
+    def for_config(cls, config: TargetConfig, semantics: Semantics | None = None) -> StepPipeline:
+        """The pipeline of a run of ``config`` on ``semantics`` (those in force by default)."""
+        semantics = semantics_in_force() if semantics is None else semantics
+        return cls(config.async_scheduling, config.defer_block_free, caches_after_sync_output(config, semantics))
 
     def full(self) -> bool:
         """Whether the next step must wait for the oldest output to be processed."""

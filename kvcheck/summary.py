@@ -7,6 +7,7 @@ import time
 import pytest
 
 from kvcheck.lockstep import Lockstep
+from kvcheck.vllm_releases import semantics_in_force
 
 
 class SuiteSummary:
@@ -30,7 +31,8 @@ class SuiteSummary:
         seconds = time.perf_counter() - self.started
         steps = Lockstep.total_steps - self.steps_before
         under = f" with fault {self.fault}" if self.fault else ""
-        out = ["", f"kvcheck summary: target {self.target}{under}"]
+        semantics = semantics_in_force()
+        out = ["", f"kvcheck summary: target {self.target}{under}", f"  {semantics.describe()}"]
         groups: dict[str, list[tuple[str, float]]] = {}
         for nodeid, outcome, duration in self.results:
             groups.setdefault(suite_file(nodeid.split("::")[0]), []).append((outcome, duration))
@@ -50,7 +52,8 @@ class SuiteSummary:
             note = "" if label in reachable else ", unreachable with one group"
             out.append(f"    {mark} {label} ({LABELS_SEEN[label]}{note})")
         failed_tests = [nodeid for nodeid, outcome, _ in self.results if outcome == "failed"]
-        out.append("  verdict: " + ("every invariant held" if not failed_tests else f"{len(failed_tests)} failing"))
+        verdict = "every invariant held" if not failed_tests else f"{len(failed_tests)} failing"
+        out.append("  verdict: " + semantics.qualify(verdict))
         return out
 
 

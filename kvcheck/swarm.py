@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 
 import attrs
 
@@ -177,6 +178,7 @@ def swarm(
     check: bool = True,
     full_check_every: int = 1,
     drafter_and_async: bool = True,
+    on_run: Callable[[Lockstep], None] | None = None,
 ) -> SwarmReport:
     """Run random operation sequences until one breaks an invariant or the budget is spent.
 
@@ -184,7 +186,8 @@ def swarm(
     N steps and at the end of each run, and only the step's results in between, then reports a
     violation as checking every step in full would (:class:`~kvcheck.lockstep.Lockstep`).
     ``drafter_and_async`` off draws configurations without a drafter, lookahead or async
-    scheduling (see :func:`~kvcheck.config_space.random_config`)."""
+    scheduling (see :func:`~kvcheck.config_space.random_config`).  ``on_run`` is handed each run's
+    lockstep once the run ends without a violation."""
     rng = random.Random(seed)
     report = SwarmReport()
     start = time.perf_counter()
@@ -204,6 +207,8 @@ def swarm(
                     report.steps += 1
                     lockstep.step(op)
             lockstep.finish()
+            if on_run is not None:
+                on_run(lockstep)
         except InvariantViolation as violation:
             report.failure = Failure(config, tuple(lockstep.trace[: violation.step]), violation)
             break

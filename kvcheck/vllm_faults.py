@@ -39,6 +39,8 @@ from kvcheck.fault_plants import (
     zero_asynchronous_loads,
 )
 from kvcheck.faults import Fault
+from kvcheck.targets.vllm_internals import clear_cache_map, event_extra_keys, lookahead_token_ids
+from kvcheck.targets.vllm_target import require_vllm
 
 
 def _fifo_reuse_when_caching_off(manager: Any) -> None:
@@ -190,6 +192,7 @@ def _stored_event_repeats_cached_blocks(manager: Any) -> None:
     from vllm.distributed.kv_events import BlockStored
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash, resolve_block_hashes
 
+    release = require_vllm().release
     for pool in _pools(manager):
         cache_full_blocks = pool.cache_full_blocks
 
@@ -222,10 +225,9 @@ def _stored_event_repeats_cached_blocks(manager: Any) -> None:
             ]
             extra_keys_list = []
             curr_mm_idx = 0
+            extra_keys_of = event_extra_keys(pool, release)
             for i in positions:
-                extra_keys, curr_mm_idx = pool._generate_event_extra_keys(
-                    request, i * block_size, (i + 1) * block_size, curr_mm_idx
-                )
+                extra_keys, curr_mm_idx = extra_keys_of(request, i * block_size, (i + 1) * block_size, curr_mm_idx)
                 extra_keys_list.append(extra_keys)
             pool.kv_event_queue[-1] = pool._build_block_stored_event(
                 request,
@@ -236,7 +238,9 @@ def _stored_event_repeats_cached_blocks(manager: Any) -> None:
                 block_size=block_size,
                 kv_cache_group_id=kv_cache_group_id,
                 extra_keys_list=extra_keys_list,
-                lookahead_token_ids=[pool._lookahead_token_ids(request, (i + 1) * block_size) for i in positions]
+                lookahead_token_ids=[
+                    lookahead_token_ids(pool, release)(request, (i + 1) * block_size) for i in positions
+                ]
                 if pool.num_hash_lookahead_tokens
                 else None,
             )
@@ -245,14 +249,13 @@ def _stored_event_repeats_cached_blocks(manager: Any) -> None:
 
 
 def _reset_unreported(manager: Any) -> None:
-    from vllm.v1.core.block_pool import BlockHashToBlockMap
-
+    release = require_vllm().release
     for pool in _pools(manager):
 
         def reset_prefix_cache(pool: Any = pool) -> bool:
             if pool.num_gpu_blocks - pool.get_num_free_blocks() != 1:  # the null block is always used
                 return False
-            pool.cached_block_hash_to_block = BlockHashToBlockMap()
+            clear_cache_map(pool, release)
             pool.cached_block_hashes_by_block.clear()
             if pool._reuse_watchers:
                 pool._notify_reuse([pool.blocks[block_id] for block_id in list(pool._reuse_watchers)])

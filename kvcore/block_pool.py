@@ -111,14 +111,17 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, blocks_in_eviction_order: Iterable[KVBlock]) -> None:
+    def free_blocks(self, blocks_in_eviction_order: Iterable[KVBlock], evict_first: bool = False) -> None:
         """Drop one reference on each block; blocks left unreferenced become free.
 
         The blocks come in eviction order: the first is the one to reuse or
         evict first.  Blocks reaching ``ref_cnt == 0`` are placed by the
         eviction-order contract of this class: unhashed ones (all of them
         while caching is off) at the head, keeping their order; cached ones
-        at the tail, keeping their order.  The null block is skipped.
+        at the tail, keeping their order, unless ``evict_first`` (their
+        contents are held elsewhere, by another tier): then at the head
+        too, to be evicted before every other cached block.  The null block
+        is skipped.
 
         Raises :class:`RefCountUnderflow`, changing nothing, if a block would
         drop below zero.
@@ -136,7 +139,7 @@ class BlockPool:
             block.ref_cnt -= 1
             dropped.append(block)
             if block.ref_cnt == 0:
-                if block.block_hash is None or not self.enable_caching:
+                if block.block_hash is None or not self.enable_caching or evict_first:
                     released_to_head.append(block)
                 else:
                     released_to_tail.append(block)

@@ -43,24 +43,45 @@ class KVCacheManager:
         """The fraction of usable blocks that are held."""
         return self.block_pool.usage
 
-    def get_computed_blocks(self, request: Request) -> tuple[GroupBlocks, int]:
+    def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None) -> tuple[GroupBlocks, int]:
         """The request's local prefix hit: hit blocks per group and the hit length in tokens.
 
-        The hit is capped at ``num_tokens - 1`` tokens (at least one token is
-        always computed, to produce logits), so a block-aligned prompt never
-        hits its last block.  Nothing changes until :meth:`allocate_slots`
-        takes the hit, but the lookup records on the request the end of a
-        longer prefix some group found cached (``shared_prefix_boundary``,
-        see :class:`~kvcore.Request`).
+        The hit is capped at :meth:`~kvcore.Request.max_cache_hit_length`: ``num_tokens - 1`` tokens
+        (at least one token is always computed, to produce logits, so a block-aligned prompt never
+        hits its last block), the request's ``prefix_cache_hit_limit`` and ``max_cache_hit_length``,
+        which can only lower it.  A request whose limit is 0 looks nothing up.  Nothing changes until
+        :meth:`allocate_slots` takes the hit, but the lookup records on the request the end of a
+        longer prefix some group found cached (``shared_prefix_boundary``, see :class:`~kvcore.Request`).
         """
-        if not self.enable_caching:
+        if not self._looks_up(request):
             request.shared_prefix_boundary = 0
             return tuple([] for _ in range(self.num_groups)), 0
-        # Nor past the hashed blocks (hashes that look ahead end before the tokens do).
-        max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.config.hash_block_size)
-        blocks, hit_length, num_uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
+        blocks, hit_length, num_uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, self._hashed_cap(request, request.max_cache_hit_length(max_cache_hit_length))
+        )
         request.shared_prefix_boundary = hit_length + num_uncached if num_uncached else 0
         return blocks, hit_length
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many of the request's tokens a lookup would find cached, capped at ``num_tokens - 1``
+        (not at its ``prefix_cache_hit_limit``, as vLLM 0.34.0 probes); 0 when it looks nothing up.
+
+        A probe only: it takes no reference, allocates nothing, records nothing on the request and
+        queues no event, so it is safe for a request that may never be scheduled."""
+        if not self._looks_up(request):
+            return 0
+        _, hit_length, _ = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, self._hashed_cap(request, request.num_tokens - 1)
+        )
+        return hit_length
+
+    def _looks_up(self, request: Request) -> bool:
+        """Whether a prefix lookup runs for the request: caching on, and a hit limit other than 0."""
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def _hashed_cap(self, request: Request, max_length: int) -> int:
+        """``max_length``, no further than the hashed blocks (hashes that look ahead end before the tokens do)."""
+        return min(max_length, len(request.block_hashes) * self.config.hash_block_size)
 
     def allocate_slots(
         self,

@@ -30,6 +30,9 @@ class Request:
     prefix some group found cached ends when a sparsely caching group held
     the hit shorter (0 otherwise), so that a sliding window under a
     retention interval keeps the blocks a hit there needs.
+    ``prefix_cache_hit_limit`` bounds the tokens a prefix hit may cover
+    (0: the request reads nothing from the prefix cache, as a request
+    skipping cache reads; ``None``: no bound but ``num_tokens - 1``).
     """
 
     __slots__ = (
@@ -44,6 +47,7 @@ class Request:
         "num_in_flight_tokens",
         "waiting",
         "shared_prefix_boundary",
+        "prefix_cache_hit_limit",
     )
 
     def __init__(
@@ -53,11 +57,16 @@ class Request:
         block_size: int,
         extra_keys: ExtraKeys | None = None,
         num_hash_lookahead_tokens: int = 0,
+        prefix_cache_hit_limit: int | None = None,
     ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise InvalidArgument("block_size", block_size, "must be an int >= 1")
         if not isinstance(num_hash_lookahead_tokens, int) or num_hash_lookahead_tokens < 0:
             raise InvalidArgument("num_hash_lookahead_tokens", num_hash_lookahead_tokens, "must be an int >= 0")
+        if prefix_cache_hit_limit is not None and (
+            not isinstance(prefix_cache_hit_limit, int) or prefix_cache_hit_limit < 0
+        ):
+            raise InvalidArgument("prefix_cache_hit_limit", prefix_cache_hit_limit, "must be None or an int >= 0")
         if len(prompt_token_ids) == 0:
             raise InvalidArgument("prompt_token_ids", list(prompt_token_ids), "a prompt needs at least one token")
         self.request_id = request_id
@@ -73,10 +82,17 @@ class Request:
         self.num_in_flight_tokens = 0
         self.waiting = True
         self.shared_prefix_boundary = 0
+        self.prefix_cache_hit_limit = prefix_cache_hit_limit
 
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    def max_cache_hit_length(self, bound: int | None = None) -> int:
+        """The longest prefix hit this request may take: ``num_tokens - 1`` (its last token is always
+        computed, to produce logits), its ``prefix_cache_hit_limit`` and ``bound``, whichever is least."""
+        limits = (self.num_tokens - 1, self.prefix_cache_hit_limit, bound)
+        return min(limit for limit in limits if limit is not None)
 
     @property
     def output_token_ids(self) -> list[int]:

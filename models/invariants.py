@@ -981,6 +981,20 @@ def _zeroed_blocks_hold_no_data(
             _fail(check, "zeroed_blocks_are_fresh", f"block {block} is handed over for zeroing: {reason}", None, zeroed)
 
 
+def cached_tokens_probe_changes_nothing(check: StepCheck) -> None:
+    """``get_num_cached_tokens``, asked of a waiting request before its lookup (releases with the probe),
+    changes no observed state and answers what the model's lookup finds.
+
+    Guards: a probe that touches its hit blocks (a reference taken, a free-queue entry moved), records
+    the request's lookup, or queues an event, so that asking whether a request would hit changes what
+    the next request hits; a probe that answers other than the lookup that follows it."""
+    if check.sut_result.probe_changed:
+        detail = "get_num_cached_tokens changed the observed state"
+        _fail(check, "cached_tokens_probe_changes_nothing", detail, (), check.sut_result.probe_changed)
+    detail = "get_num_cached_tokens answered other than the model's lookup"
+    _same_result(check, "probed_tokens", "cached_tokens_probe_changes_nothing", detail)
+
+
 def _same_zeroed_blocks(check: StepCheck) -> None:
     detail = "the blocks the step hands the worker to zero differ from the model's"
     _same_result(check, "zeroed_block_ids", "zeroed_blocks_are_fresh", detail)
@@ -1005,6 +1019,7 @@ ALL_INVARIANTS: tuple[Invariant, ...] = (
     block_copies_well_formed,
     admission_matches_model,
     hit_is_sound_and_maximal,
+    cached_tokens_probe_changes_nothing,
     failed_allocation_changes_nothing,
     zeroed_blocks_are_fresh,
     lifo_head_reuse_when_caching_off,
@@ -1038,6 +1053,7 @@ def check_results(
         _fail(check, invariant, "newly allocated blocks differ", model_result.new_block_ids, sut_result.new_block_ids)
     reset_refused_only_while_held(check)
     _same_state_offloads(check)
+    cached_tokens_probe_changes_nothing(check)
 
 
 def check_all(check: StepCheck) -> None:

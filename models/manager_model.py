@@ -33,6 +33,7 @@ from kvcheck.ops import (
     reusable_boundary,
 )
 from kvcheck.pipeline import StepPipeline
+from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, Semantics, semantics_in_force
 
 
 def ceil_div(n_tokens: int, block_size: int) -> int:
@@ -97,7 +98,7 @@ class ManagerModel:
     a key exactly when their whole prefixes are equal.
     """
 
-    def __init__(self, config: TargetConfig) -> None:
+    def __init__(self, config: TargetConfig, semantics: Semantics | None = None) -> None:
         self.config = config
         self.block_size = config.block_size
         self.block_sizes = config.block_sizes
@@ -109,7 +110,11 @@ class ManagerModel:
         self.pool = PoolModel(config.num_blocks, config.enable_caching, self.events)
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
-        self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
+        # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
+        semantics = semantics_in_force() if semantics is None else semantics
+        self.pipeline = StepPipeline.for_config(config, semantics)
+        # A release with the side-effect-free probe is asked it before each waiting request's lookup.
+        self.probes = semantics.has(CACHED_TOKENS_PROBE)
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
         # Groups of one spec (kind, reach and block size) are looked up together.
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
@@ -589,6 +594,8 @@ class ManagerModel:
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
         self.found_hit_tokens = hit_length
+        # The probe finds what the lookup finds (no request here bounds its hit below num_tokens - 1).
+        probed = hit_length if waiting and self.probes else None
         amounts = plan_step(
             op,
             self.config,
@@ -615,7 +622,9 @@ class ManagerModel:
 
         new_ids = self._allocate(rid, waiting, hit_ids, total_computed, external, slots, main_model_tokens)
         if new_ids is None:
-            return StepResult(admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1])
+            return StepResult(
+                admitted=False, hit_length=result_hit[0], hit_block_ids=result_hit[1], probed_tokens=probed
+            )
 
         if self.config.enable_caching:
             # Only tokens that exist are cached: never the drafter's slots.
@@ -626,6 +635,8 @@ class ManagerModel:
         request.state_tokens = request.num_computed_tokens
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, len(request.tokens), op.sampled_token, ()):
             request.tokens.append(op.sampled_token)
+            if self.pipeline.caches_sync_output:
+                self._cache_full_blocks(rid, request.num_computed_tokens)
         return StepResult(
             admitted=True,
             hit_length=result_hit[0],
@@ -634,6 +645,7 @@ class ManagerModel:
             num_external_tokens=external,
             num_slots=slots,
             block_copies=self._release_copies(),
+            probed_tokens=probed,
         )
 
     def _release_copies(self) -> tuple[tuple[int, int], ...]:

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Set up a venv that can drive vLLM's own allocator (the `vllm` target), CPU only.
 #
-#   scripts/install-vllm-cpu.sh VENV_DIR
+#   scripts/install-vllm-cpu.sh VENV_DIR [VLLM_VERSION]
+#
+# VLLM_VERSION is one of the releases kvcheck knows (kvcheck/vllm_releases.py;
+# the newest when omitted): 0.34.0 or 0.33.0.  Both pin torch 2.14.0, which the
+# index serves only as a CUDA build; torch 2.13.0 CPU runs their allocator and
+# scheduler code.
 #
 # vLLM's declared dependencies pull a multi-GB CUDA torch and GPU-only
 # packages, so this installs torch 2.13.0 first, then the packages vLLM's
@@ -17,11 +22,19 @@
 # when vllm cannot be imported.
 set -euo pipefail
 
-if [ "$#" -ne 1 ]; then
-    echo "usage: $0 VENV_DIR" >&2
+if [ "$#" -lt 1 ] || [ "$#" -gt 2 ]; then
+    echo "usage: $0 VENV_DIR [VLLM_VERSION]" >&2
     exit 2
 fi
 venv="$1"
+version="${2:-0.34.0}"
+case "$version" in
+    0.33.0 | 0.34.0) ;;
+    *)
+        echo "$0: vLLM $version is not a release kvcheck knows (0.33.0, 0.34.0)" >&2
+        exit 2
+        ;;
+esac
 checkout="$(cd "$(dirname "$0")/.." && pwd)"
 
 python3 -m venv "$venv"
@@ -31,8 +44,8 @@ else
     "$venv/bin/pip" install torch==2.13.0
 fi
 "$venv/bin/pip" install --no-deps -r "$checkout/requirements-vllm-cpu.txt"
-"$venv/bin/pip" install --no-deps vllm==0.33.0
+"$venv/bin/pip" install --no-deps "vllm==$version"
 "$venv/bin/pip" install -e "$checkout" "pytest-xdist>=3.5" "ruff>=0.6"
 # Importing vLLM's allocator takes 7-14 s on a laptop.
 "$venv/bin/python" -c "import vllm.v1.core.kv_cache_manager"
-echo "vLLM target ready; from the checkout: $venv/bin/kvcheck replay regressions/traces/*.json --target vllm"
+echo "vLLM $version target ready; from the checkout: $venv/bin/kvcheck replay regressions/traces/*.json --target vllm"

@@ -11,6 +11,7 @@ from kvcheck.models.invariants import InvariantViolation
 from kvcheck.observation import Observation
 from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets import Target, TargetFactory
+from kvcheck.vllm_releases import semantics_in_force
 
 COMPARED_FIELDS = ("tables", "free_order", "ref_counts", "cache_entries", "events")
 
@@ -29,13 +30,20 @@ class DifferentialTarget:
         self.targets: list[Target] = [factory(config) for _, factory in factories]
         self.name = "+".join(self.names)
         self.step = 0
+        semantics = semantics_in_force()
+        # On semantics not confirmed for the installed vLLM, a divergence may be vLLM's new behaviour.
+        self._drift = (
+            f": a bug or a semantic drift of vLLM {semantics.installed}"
+            if "vllm" in self.names and semantics.unconfirmed is not None
+            else ""
+        )
 
     def _disagree(self, op: Operation, field: str, first: object, other: object, other_name: str) -> InvariantViolation:
         return InvariantViolation(
             "targets_agree",
             self.step,
             describe_op(op),
-            f"{field} differs between {self.names[0]} (expected) and {other_name} (actual)",
+            f"{field} differs between {self.names[0]} (expected) and {other_name} (actual){self._drift}",
             first,
             other,
         )

@@ -10,6 +10,7 @@ from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.observation import CacheKey, Observation, block_keys
 from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
+from kvcheck.vllm_releases import Semantics
 
 
 def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
@@ -79,14 +80,18 @@ class KvcoreTarget(SchedulerDrivenTarget):
         self,
         config: TargetConfig,
         manager_factory: Callable[[kvcore.KVCacheConfig], kvcore.KVCacheManager] = kvcore.KVCacheManager,
+        semantics: Semantics | None = None,
     ) -> None:
-        super().__init__(config)
+        super().__init__(config, semantics)
         self.manager = manager_factory(to_kvcore_config(config))
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> kvcore.Request:
         return kvcore.Request(
             request_id, prompt, self.config.hash_size, num_hash_lookahead_tokens=self.config.num_hash_lookahead_tokens
         )
+
+    def _get_num_cached_tokens(self, request: kvcore.Request) -> int:
+        return self.manager.get_num_cached_tokens(request)
 
     def _get_computed_blocks(self, request: kvcore.Request) -> tuple[Any, int]:
         return self.manager.get_computed_blocks(request)

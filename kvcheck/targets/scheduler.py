@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from kvcheck.config import TargetConfig
-from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent, StoredEvent
+from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvcheck.ops import (
     AddRequest,
     EvictBlocks,
@@ -36,6 +36,7 @@ from kvcheck.ops import (
     plan_step,
 )
 from kvcheck.pipeline import GroupPositions, StepPipeline, read_positions
+from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, Semantics, semantics_in_force
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -56,13 +57,17 @@ class SchedulerDrivenTarget:
     scheduling steps go in flight (:mod:`kvcheck.pipeline`).
     """
 
-    def __init__(self, config: TargetConfig) -> None:
+    def __init__(self, config: TargetConfig, semantics: Semantics | None = None) -> None:
         self.config = config
         self._block_sizes = config.block_sizes
         self.requests: dict[str, Any] = {}
         self.running: set[str] = set()
         self.loading: set[str] = set()
-        self.pipeline = StepPipeline(config.async_scheduling, config.defer_block_free)
+        # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
+        semantics = semantics_in_force() if semantics is None else semantics
+        self.pipeline = StepPipeline.for_config(config, semantics)
+        # A release with the side-effect-free probe is asked it before each waiting request's lookup.
+        self._probes = semantics.has(CACHED_TOKENS_PROBE)
         # Hashes are opaque bytes; observations speak of token prefixes.
         self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
         # The same, keyed as KV cache events publish hashes.
@@ -94,6 +99,25 @@ class SchedulerDrivenTarget:
     ) -> Any:
         """``allocate_slots``; ``hit`` is ``None`` for a running request. Returns the new blocks or ``None``."""
         raise NotImplementedError
+
+    def _get_num_cached_tokens(self, request: Any) -> int:
+        """``get_num_cached_tokens``: the probe of a release that has it."""
+        raise NotImplementedError
+
+    def observe(self) -> Observation:
+        raise NotImplementedError
+
+    def _probe(self, request: Any) -> tuple[int, tuple[str, ...]]:
+        """The probe's answer for a waiting request, and the observed fields it changed."""
+        before = self.observe()
+        probed = self._get_num_cached_tokens(request)
+        after = self.observe()
+        changed = tuple(
+            field.name
+            for field in attrs.fields(Observation)
+            if getattr(before, field.name) != getattr(after, field.name)
+        )
+        return probed, changed
 
     def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
         """``truncate_computed_blocks``: a hit's blocks cut back to its first ``num_tokens`` tokens."""
@@ -286,6 +310,9 @@ class SchedulerDrivenTarget:
             return StepResult()  # every token a running request has, or will sample, is computed already
         if not op.same_step:
             self._new_step_starts()
+        probe: tuple[int | None, tuple[str, ...]] = (None, ())
+        if waiting and self._probes:
+            probe = self._probe(request)
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
         amounts = plan_step(
             op,
@@ -309,7 +336,13 @@ class SchedulerDrivenTarget:
         hit_ids = self._block_ids(hit[0]) if hit is not None else None
         result_hit_length = hit_length if waiting else None
         if new_blocks is None:
-            return StepResult(admitted=False, hit_length=result_hit_length, hit_block_ids=hit_ids)
+            return StepResult(
+                admitted=False,
+                hit_length=result_hit_length,
+                hit_block_ids=hit_ids,
+                probed_tokens=probe[0],
+                probe_changed=probe[1],
+            )
         self.running.add(rid)
         self._on_admitted(request)
         request.num_computed_tokens += hit_length + amounts.num_external_tokens
@@ -320,6 +353,8 @@ class SchedulerDrivenTarget:
         if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, request.num_tokens, op.sampled_token, reads):
             request.append_output_token_ids(op.sampled_token)
             self._learn_hashes(rid)
+            if self.pipeline.caches_sync_output:
+                self._cache_blocks(request, request.num_computed_tokens)
         return StepResult(
             admitted=True,
             hit_length=result_hit_length,
@@ -328,6 +363,8 @@ class SchedulerDrivenTarget:
             num_external_tokens=amounts.num_external_tokens,
             num_slots=num_slots,
             block_copies=self._release_copies(),
+            probed_tokens=probe[0],
+            probe_changed=probe[1],
         )
 
     def _release_copies(self) -> tuple[tuple[int, int], ...]:

@@ -1,4 +1,4 @@
-"""The vLLM block-pool target: vLLM 0.33.0's ``BlockPool`` driven by block ids and small-int keys."""
+"""The vLLM block-pool target: vLLM's ``BlockPool`` driven by block ids and small-int keys."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 from kvcheck.targets.id_named_pool import IdNamedPool, PoolEntry
-from kvcheck.targets.vllm_queue import backward_ids, check_free_list, forward_ids
-from kvcheck.targets.vllm_target import cache_map, make_block_pool, require_vllm
+from kvcheck.targets.vllm_internals import (
+    backward_ids,
+    cache_entries,
+    check_free_list,
+    check_null_block,
+    forward_ids,
+    ref_counts,
+)
+from kvcheck.targets.vllm_target import make_block_pool, require_vllm
 
 HASH_BLOCK_SIZE = 1
 """Each key stands for one block's hash; the pool hashes (and caches) one block per key."""
@@ -65,17 +72,15 @@ class VllmPool(IdNamedPool):
 
     def ref_counts(self) -> dict[int, int]:
         """``ref_cnt`` of every block but the null block."""
-        return {block.block_id: block.ref_cnt for block in self.pool.blocks[1:]}
+        return ref_counts(self.pool)
 
     def cache_entries(self) -> frozenset[PoolEntry]:
         return frozenset(
             (self._v.get_group_id(key), self._key_of_hash[self._v.get_block_hash(key)], block_id)
-            for key, block_id in cache_map(self.pool)
+            for key, block_id in cache_entries(self.pool, self._v.version)
         )
 
     def check_internal(self) -> None:
         """vLLM's pool has no self-check: its free list is walked, and the null block must stay out of it."""
         check_free_list(self.pool.free_block_queue)
-        null = self.pool.null_block
-        assert null.block_id == 0 and null.is_null, f"the null block is block {null.block_id} (is_null={null.is_null})"
-        assert null.prev_free_block is None and null.next_free_block is None, "the null block is in the free queue"
+        check_null_block(self.pool)

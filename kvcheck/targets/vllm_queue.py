@@ -1,7 +1,7 @@
-"""The vLLM free-queue target: vLLM 0.33.0's ``FreeKVCacheBlockQueue`` over blocks named by id.
+"""The vLLM free-queue target: vLLM's ``FreeKVCacheBlockQueue`` over blocks named by id.
 
-vLLM's queue has no self-check of its own; :func:`check_free_list` walks its
-links and is shared with the vLLM block-pool target.
+vLLM's queue has no self-check of its own;
+:func:`~kvcheck.targets.vllm_internals.check_free_list` walks its links.
 """
 
 from __future__ import annotations
@@ -9,57 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
-def walk_ids(node: Any, end: Any, limit: int, forward: bool) -> list[int]:
-    """Block ids from ``node`` up to ``end`` by the forward (or backward) links.
-
-    Bounded by ``limit`` so that a corrupted (cyclic) list still returns;
-    callers compare lengths.
-    """
-    ids: list[int] = []
-    while node is not None and node is not end and len(ids) <= limit:
-        ids.append(node.block_id)
-        node = node.next_free_block if forward else node.prev_free_block
-    return ids
-
-
-def forward_ids(queue: Any) -> list[int]:
-    """A vLLM free queue's ids, head (next handed out) to tail."""
-    return walk_ids(
-        queue.fake_free_list_head.next_free_block, queue.fake_free_list_tail, queue.num_free_blocks + 1, True
-    )
-
-
-def backward_ids(queue: Any) -> list[int]:
-    """A vLLM free queue's ids walked tail to head by the backward links."""
-    return walk_ids(
-        queue.fake_free_list_tail.prev_free_block, queue.fake_free_list_head, queue.num_free_blocks + 1, False
-    )
-
-
-def check_free_list(queue: Any) -> None:
-    """Assert that a vLLM free queue is a well-formed doubly linked list.
-
-    The sentinels have no outer links, every link is answered by its partner,
-    no block appears twice, and the walk has ``num_free_blocks`` blocks.
-    """
-    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-    assert head.prev_free_block is None, "the head sentinel has a predecessor"
-    assert tail.next_free_block is None, "the tail sentinel has a successor"
-    seen: set[int] = set()
-    node = head
-    while node is not tail:
-        following = node.next_free_block
-        assert following is not None, f"the forward walk stops at block {node.block_id} before the tail sentinel"
-        assert following.prev_free_block is node, (
-            f"link mismatch: {node.block_id}.next={following.block_id} "
-            f"but {following.block_id}.prev={getattr(following.prev_free_block, 'block_id', None)}"
-        )
-        if following is not tail:
-            assert id(following) not in seen, f"block {following.block_id} appears twice (cycle)"
-            seen.add(id(following))
-        node = following
-    assert len(seen) == queue.num_free_blocks, f"{len(seen)} blocks linked, num_free_blocks={queue.num_free_blocks}"
+from kvcheck.targets.vllm_internals import backward_ids, check_free_list, forward_ids
 
 
 class VllmQueue:

@@ -1,9 +1,10 @@
-"""The vLLM target: vLLM 0.33.0's own KVCacheManager, driven the way its scheduler drives it.
+"""The vLLM target: vLLM's own KVCacheManager, driven the way its scheduler drives it.
 
 vLLM is optional.  Nothing here imports it until a target (or a benchmark
 backend) is built; then :func:`require_vllm` imports the allocator modules
-once and checks that the installed release is the one kvcore's semantics are
-taken from.  ``scripts/install-vllm-cpu.sh VENV_DIR`` sets up a CPU-only
+once and reads the installed release as the nearest known one
+(:mod:`kvcheck.vllm_releases`), warning when it is not a release kvcheck
+knows or its watched files differ from that release's.  ``scripts/install-vllm-cpu.sh VENV_DIR`` sets up a CPU-only
 venv that can import it.
 
 The construction helpers (:func:`make_manager`, :func:`make_block_pool`,
@@ -19,8 +20,8 @@ rank, a draft model's groups replicated), and no connector.  They are shared wit
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,13 +29,29 @@ from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.observation import CacheKey, Observation, block_keys
 from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
-from kvcheck.targets.vllm_queue import backward_ids, forward_ids
+from kvcheck.targets.vllm_internals import (
+    backward_ids,
+    cache_entries,
+    check_null_block,
+    forward_ids,
+    group_tables,
+    hashed_blocks,
+    holding_request_ids,
+    ref_counts,
+)
+from kvcheck.vllm_releases import (
+    KNOWN_VERSIONS,
+    NEWEST,
+    Semantics,
+    UnsupportedRelease,
+    semantics_for,
+    semantics_in_force,
+)
 
-SUPPORTED_VLLM_VERSION = "0.33.0"
 INSTALL_HINT = (
-    "install it into a separate venv with `scripts/install-vllm-cpu.sh VENV_DIR` "
-    f"(CPU torch, the pins in requirements-vllm-cpu.txt, vllm=={SUPPORTED_VLLM_VERSION} --no-deps), "
-    "then run kvcheck from that venv"
+    "install it into a separate venv with `scripts/install-vllm-cpu.sh VENV_DIR [VERSION]` "
+    f"(CPU torch, the pins in requirements-vllm-cpu.txt, vllm=={NEWEST} or another known release "
+    f"({', '.join(KNOWN_VERSIONS)}) --no-deps), then run kvcheck from that venv"
 )
 HASH_ALGORITHM = "sha256"
 """vLLM's default ``CacheConfig.prefix_caching_hash_algo``."""
@@ -45,37 +62,39 @@ LAYER_LAYOUT = {"num_kv_heads": 1, "head_size": 8}
 
 
 class VllmUnavailable(ImportError):
-    """vLLM cannot serve as a target: it is not importable, or not the supported release."""
+    """vLLM cannot serve as a target: it is not importable, or older than every release kvcheck knows."""
 
 
-ACCEPT_VERSION_VARIABLE = "KVCHECK_ACCEPT_VLLM_VERSION"
-"""Names one more vLLM version to accept: a fork or checkout derived from the supported release."""
-
-
-def check_vllm_version(installed: str) -> None:
-    """Raise :class:`VllmUnavailable` unless ``installed`` is the supported release (or the one accepted
-    by name through ``KVCHECK_ACCEPT_VLLM_VERSION``)."""
-    if installed not in (SUPPORTED_VLLM_VERSION, os.environ.get(ACCEPT_VERSION_VARIABLE)):
-        raise VllmUnavailable(
-            f"vllm {installed} is installed, but the vLLM target supports vllm {SUPPORTED_VLLM_VERSION} "
-            f"only (kvcore's semantics are taken from that release); {INSTALL_HINT}; for a fork or checkout "
-            f"derived from {SUPPORTED_VLLM_VERSION}, set {ACCEPT_VERSION_VARIABLE}={installed}"
-        )
+def check_vllm_version(installed: str, package_dir: Path | None = None) -> Semantics:
+    """The semantics the vLLM target runs ``installed`` on (the nearest lower known release; see
+    :mod:`kvcheck.vllm_releases`); :class:`VllmUnavailable` when it is older than every known release."""
+    try:
+        return semantics_for(installed, package_dir)
+    except UnsupportedRelease as exc:
+        raise VllmUnavailable(f"{exc}; {INSTALL_HINT}") from exc
 
 
 _vllm: SimpleNamespace | None = None
 
 
 def require_vllm() -> SimpleNamespace:
-    """vLLM's allocator classes and helpers, imported on first use; the version is checked on every call."""
+    """vLLM's allocator classes and helpers, imported on first use, with ``release`` (the known
+    release whose semantics and internals it is read as) and ``semantics``."""
     global _vllm
     try:
         import vllm
     except ImportError as exc:
         raise VllmUnavailable(f"the vLLM target needs vllm, which cannot be imported ({exc}); {INSTALL_HINT}") from exc
-    check_vllm_version(vllm.__version__)
-    if _vllm is None:
+    if _vllm is None or _vllm.version != vllm.__version__:
+        semantics = semantics_in_force()
+        if semantics.installed != vllm.__version__:
+            # Imported from elsewhere than the installed distribution (a checkout on the path): read its own files.
+            semantics = check_vllm_version(vllm.__version__, Path(vllm.__file__).parent)
+        else:
+            check_vllm_version(vllm.__version__)
         _vllm = _import_allocator(vllm.__version__)
+        _vllm.semantics = semantics
+        _vllm.release = semantics.release
     return _vllm
 
 
@@ -276,17 +295,7 @@ def make_request(request_id: str, prompt: Sequence[int], block_size: int, num_ha
 
 def free_block_ids(pool: Any) -> list[int]:
     """The ids in a vLLM free queue, head to tail."""
-    return [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
-
-
-def cache_map(pool: Any) -> list[tuple[bytes, int]]:
-    """Every entry of a vLLM pool's prefix-cache map as (hash with group id, block id)."""
-    entries = []
-    # BlockHashToBlockMap keeps one block, or a dict of blocks under one key.
-    for key, blocks in pool.cached_block_hash_to_block._cache.items():
-        for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-            entries.append((key, block.block_id))
-    return entries
+    return forward_ids(pool.free_block_queue)
 
 
 # -- the target ---------------------------------------------------------------------
@@ -313,6 +322,9 @@ class VllmTarget(SchedulerDrivenTarget):
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
         return make_request(request_id, prompt, self.config.hash_size, self.config.num_hash_lookahead_tokens)
+
+    def _get_num_cached_tokens(self, request: Any) -> int:
+        return int(self.manager.get_num_cached_tokens(request))
 
     def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
         hit_blocks, hit_length, request.shared_prefix_boundary = self.manager.get_computed_blocks(request)
@@ -420,13 +432,10 @@ class VllmTarget(SchedulerDrivenTarget):
     # -- observation ----------------------------------------------------------
 
     def _table(self, request_id: str) -> GroupIds:
-        return block_ids(self.manager.coordinator.get_blocks(request_id))
+        return block_ids(group_tables(self.manager, request_id))
 
     def _holding_request_ids(self) -> list[str]:
-        held: dict[str, None] = {}
-        for manager in self.manager.coordinator.single_type_managers:
-            held.update(dict.fromkeys(manager.req_to_blocks))
-        return list(held)
+        return holding_request_ids(self.manager)
 
     def _key(self, key: bytes) -> CacheKey:
         return self._v.get_group_id(key), self._prefix_of_hash[self._v.get_block_hash(key)]
@@ -437,24 +446,15 @@ class VllmTarget(SchedulerDrivenTarget):
             free_order=tuple(forward_ids(queue)),
             free_order_backward=tuple(backward_ids(queue)),
             num_free=queue.num_free_blocks,
-            ref_counts={block.block_id: block.ref_cnt for block in self.pool.blocks[1:]},
+            ref_counts=ref_counts(self.pool),
             tables=self.tables(),
-            cache_entries=frozenset((*self._key(key), block_id) for key, block_id in cache_map(self.pool)),
-            block_cache_keys=block_keys(
-                [(self._key(block.block_hash), block.block_id) for block in self.pool.blocks if block.block_hash]
-                + [
-                    (self._key(key), block_id)
-                    for block_id, keys in self.pool.cached_block_hashes_by_block.items()
-                    for key in keys
-                ]
+            cache_entries=frozenset(
+                (*self._key(key), block_id) for key, block_id in cache_entries(self.pool, self._v.release)
             ),
+            block_cache_keys=block_keys([(self._key(key), block_id) for key, block_id in hashed_blocks(self.pool)]),
             **self.pipeline_fields(),
         )
 
     def check_internal(self) -> None:
         """vLLM has no self-check; only the null block's standing is checked here."""
-        null = self.pool.null_block
-        assert null.block_id == 0, f"the null block is block {null.block_id}, not 0"
-        assert null.is_null, "block 0 lost its null mark"
-        assert null.prev_free_block is None, "the null block is linked into the free queue"
-        assert null.next_free_block is None, "the null block is linked into the free queue"
+        check_null_block(self.pool)

@@ -388,3 +388,17 @@ def test_the_console_script_replays_with_the_documented_exit_code(
         assert str(trace) in result.stderr, result.stderr
     else:
         assert "every invariant held" in result.stdout, result.stdout
+
+
+def test_doctor_names_the_semantics_followed_and_each_behaviour(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvcheck doctor` says which vLLM is installed, which release's semantics kvcheck follows, and which
+    behaviours of the table are in force on them (in the default set-up, without vLLM: the newest)."""
+    from kvcheck.vllm_releases import BEHAVIOURS, semantics_in_force
+
+    assert main(["doctor"]) == EXIT_OK
+    out = capsys.readouterr().out
+    semantics = semantics_in_force()
+    assert f"semantics: {semantics.describe()}" in out
+    for row in BEHAVIOURS:
+        mark = "x" if semantics.has(row.name) else " "
+        assert f"[{mark}] {row.name} (since {row.since};" in out

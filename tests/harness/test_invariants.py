@@ -113,6 +113,11 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         check = base()
         return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, hit_length=0))
 
+    def probe_touching_its_hit() -> StepCheck:
+        # b's probe before its lookup took a reference on its hit blocks (reported by the target).
+        check = base()
+        return attrs.evolve(check, sut_result=attrs.evolve(check.sut_result, probe_changed=("ref_counts",)))
+
     def leaky_refusal() -> StepCheck:
         check = checked_step(
             TargetConfig(4, 1, (GroupSpec("full"),), True), [AddRequest("a", (0,) * 8), Schedule("a", 8, 0, 0)]
@@ -299,6 +304,7 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         "zeroed_blocks_are_fresh": zeroing_a_hit_block,
         "admission_matches_model": spurious_refusal,
         "hit_is_sound_and_maximal": short_hit,
+        "cached_tokens_probe_changes_nothing": probe_touching_its_hit,
         "failed_allocation_changes_nothing": leaky_refusal,
         "lifo_head_reuse_when_caching_off": fifo,
         "lru_eviction_when_caching_on": head_first_lru,

@@ -1,4 +1,4 @@
-"""Scenarios stepped in lockstep on kvcore, vLLM 0.33.0 and the model."""
+"""Scenarios stepped in lockstep on kvcore, vLLM and the model."""
 
 from __future__ import annotations
 

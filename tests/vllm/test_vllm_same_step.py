@@ -1,8 +1,8 @@
-"""Two requests in one scheduler step beside an align-mode Mamba group on vLLM 0.33.0, stepped in
+"""Two requests in one scheduler step beside an align-mode Mamba group on vLLM, stepped in
 lockstep on kvcore, vLLM and the model (every invariant after every step, the targets compared): a hit
 on a state cached in the same step waits for the next step (``cached_blocks_this_step``).
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

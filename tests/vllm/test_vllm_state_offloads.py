@@ -1,9 +1,9 @@
-"""Boundary-state offloads on vLLM 0.33.0: the align-mode Mamba states the allocator offers a KV connector
+"""Boundary-state offloads on vLLM: the align-mode Mamba states the allocator offers a KV connector
 with their exact blocks (``take_boundary_state_offloads`` after every step, a finishing request's
 ``finalize_partial_tail_offloads`` before its free), each scenario stepped in lockstep on kvcore, vLLM and
 the model, and the catalogue's fault caught on both targets.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations

