@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from kvcheck.config import MAMBA_KINDS, GroupSpec, TargetConfig
-from kvcheck.vllm_releases import SYNC_MAMBA_OUTPUT_CACHING, Semantics, semantics_in_force
+from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics, semantics_in_force
 
 GroupPositions = tuple[tuple[int, ...], ...]
 
@@ -112,13 +112,22 @@ def caches_after_sync_output(config: TargetConfig, semantics: Semantics) -> bool
 class StepPipeline:
     """The async scheduler's in-flight steps, output placeholders, stale outputs and deferred frees.
 
-    ``caches_sync_output`` says whether a synchronous step's sampled token is followed by
-    ``cache_blocks`` (:func:`caches_after_sync_output`); the callers make that call."""
+    Two calls the scheduler makes depend on the release (kvcheck/vllm_releases.py); the callers make
+    them: ``caches_sync_output``, ``cache_blocks`` after a synchronous step's sampled token
+    (:func:`caches_after_sync_output`), and ``probes_before_lookup``, ``get_num_cached_tokens`` asked
+    of a waiting request before its lookup."""
 
-    def __init__(self, async_scheduling: bool, defer_block_free: bool, caches_sync_output: bool = False) -> None:
+    def __init__(
+        self,
+        async_scheduling: bool,
+        defer_block_free: bool,
+        caches_sync_output: bool = False,
+        probes_before_lookup: bool = False,
+    ) -> None:
         self.async_scheduling = async_scheduling
         self.defer_block_free = defer_block_free
         self.caches_sync_output = caches_sync_output
+        self.probes_before_lookup = probes_before_lookup
         self.steps: deque[InFlightStep] = deque()
         self.sched_seq = 0
         self.processed_seq = 0
@@ -131,7 +140,12 @@ class StepPipeline:
     def for_config(cls, config: TargetConfig, semantics: Semantics | None = None) -> StepPipeline:
         """The pipeline of a run of ``config`` on ``semantics`` (those in force by default)."""
         semantics = semantics_in_force() if semantics is None else semantics
-        return cls(config.async_scheduling, config.defer_block_free, caches_after_sync_output(config, semantics))
+        return cls(
+            config.async_scheduling,
+            config.defer_block_free,
+            caches_after_sync_output(config, semantics),
+            semantics.has(CACHED_TOKENS_PROBE),
+        )
 
     def full(self) -> bool:
         """Whether the next step must wait for the oldest output to be processed."""

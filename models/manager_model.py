@@ -33,7 +33,7 @@ from kvcheck.ops import (
     reusable_boundary,
 )
 from kvcheck.pipeline import StepPipeline
-from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, Semantics, semantics_in_force
+from kvcheck.vllm_releases import Semantics
 
 
 def ceil_div(n_tokens: int, block_size: int) -> int:
@@ -111,10 +111,7 @@ class ManagerModel:
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
         # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
-        semantics = semantics_in_force() if semantics is None else semantics
         self.pipeline = StepPipeline.for_config(config, semantics)
-        # A release with the side-effect-free probe is asked it before each waiting request's lookup.
-        self.probes = semantics.has(CACHED_TOKENS_PROBE)
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
         # Groups of one spec (kind, reach and block size) are looked up together.
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
@@ -595,7 +592,7 @@ class ManagerModel:
             hit_length, hit_ids = self.find_hit(rid)
         self.found_hit_tokens = hit_length
         # The probe finds what the lookup finds (no request here bounds its hit below num_tokens - 1).
-        probed = hit_length if waiting and self.probes else None
+        probed = hit_length if waiting and self.pipeline.probes_before_lookup else None
         amounts = plan_step(
             op,
             self.config,

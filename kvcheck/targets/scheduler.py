@@ -36,7 +36,7 @@ from kvcheck.ops import (
     plan_step,
 )
 from kvcheck.pipeline import GroupPositions, StepPipeline, read_positions
-from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, Semantics, semantics_in_force
+from kvcheck.vllm_releases import Semantics
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -64,10 +64,7 @@ class SchedulerDrivenTarget:
         self.running: set[str] = set()
         self.loading: set[str] = set()
         # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
-        semantics = semantics_in_force() if semantics is None else semantics
         self.pipeline = StepPipeline.for_config(config, semantics)
-        # A release with the side-effect-free probe is asked it before each waiting request's lookup.
-        self._probes = semantics.has(CACHED_TOKENS_PROBE)
         # Hashes are opaque bytes; observations speak of token prefixes.
         self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
         # The same, keyed as KV cache events publish hashes.
@@ -311,7 +308,7 @@ class SchedulerDrivenTarget:
         if not op.same_step:
             self._new_step_starts()
         probe: tuple[int | None, tuple[str, ...]] = (None, ())
-        if waiting and self._probes:
+        if waiting and self.pipeline.probes_before_lookup:
             probe = self._probe(request)
         hit: tuple[Any, int] | None = self._get_computed_blocks(request) if waiting else None
         amounts = plan_step(

@@ -91,6 +91,7 @@ def require_vllm() -> SimpleNamespace:
             # Imported from elsewhere than the installed distribution (a checkout on the path): read its own files.
             semantics = check_vllm_version(vllm.__version__, Path(vllm.__file__).parent)
         else:
+            # Refuses a release older than every known one (the process semantics fall back to the newest).
             check_vllm_version(vllm.__version__)
         _vllm = _import_allocator(vllm.__version__)
         _vllm.semantics = semantics
