@@ -165,12 +165,14 @@ def _layout_groups(
 
 
 def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
-    """Local attention beside Mamba states: a sliding window or a chunked-local group, in blocks of the
-    cache's block size or twice that, or R-SWA in blocks twice that.  Where the hashes are the cache's
-    block size, a group in blocks twice that is hashed finer than its blocks: with align-mode Mamba
-    states in larger blocks than the hashes, a sliding window or chunked-local group so hashed turns
-    sub-block hits off (vLLM 0.33.0), while R-SWA looks up inside its blocks as full attention does."""
-    kind = rng.choice(["sliding_window", "chunked_local", "rswa"])
+    """Local attention beside Mamba states: a sliding window or a chunked-local group, in blocks of
+    the cache's block size or twice that, or (in half the draws) R-SWA in blocks twice that.  Where the
+    hashes are the cache's block size, a group in blocks twice that is hashed finer than its blocks:
+    with align-mode Mamba states in larger blocks than the hashes, a sliding window or chunked-local
+    group so hashed turns sub-block hits off (vLLM 0.33.0), while R-SWA looks up inside its blocks as
+    full attention does."""
+    # R-SWA in half the draws: its hits inside its blocks need sub-block hits on as well.
+    kind = rng.choice(["sliding_window", "chunked_local", "rswa", "rswa"])
     wide = rng.random() < 1 / 2 or kind == "rswa"
     size = (2 if wide else 1) * block_size
     if kind == "rswa":

@@ -14,13 +14,13 @@ from __future__ import annotations
 import attrs
 from hypothesis import seed as fixed_seed
 from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.models.invariants import InvariantViolation
 from kvcheck.shrink import replay_violation, shrink
 from kvcheck.stateful_tests.manager_machine import manager_machine
-from kvcheck.stateful_tests.profiles import SEARCH_PHASES
+from kvcheck.stateful_tests.profiles import SEARCH_PHASES, search_seed
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
 
@@ -53,9 +53,25 @@ def search_settings(base: settings | None = None, seed: int | None = None) -> se
     as is.  With ``seed``, the search is seeded instead of derandomized, and uses no database."""
     base = base or settings.default
     phases = [phase for phase in base.phases if phase in SEARCH_PHASES]
+    return seeded_settings(settings(base, phases=phases, report_multiple_bugs=False), seed)
+
+
+def seeded_settings(base: settings, seed: int | None) -> settings:
+    """``base`` searching from ``seed`` (no derandomization, no database), or ``base`` itself without one."""
     if seed is None:
-        return settings(base, phases=phases, report_multiple_bugs=False)
-    return settings(base, phases=phases, report_multiple_bugs=False, derandomize=False, database=None)
+        return base
+    return settings(base, derandomize=False, database=None)
+
+
+def run_machine(machine: type[RuleBasedStateMachine], base: settings | None = None, seed: int | None = None) -> None:
+    """Run a state machine under ``base`` (the loaded profile by default) from ``seed``; without one, a
+    derandomized profile searches from its fixed seed (:func:`kvcheck.stateful_tests.profiles.search_seed`)."""
+    __tracebackhide__ = True
+    base = base or settings.default
+    seed = search_seed(base) if seed is None else seed
+    if seed is not None:
+        machine = fixed_seed(seed)(machine)
+    run_state_machine_as_test(machine, settings=seeded_settings(base, seed))
 
 
 def run_manager_machine(
@@ -67,15 +83,15 @@ def run_manager_machine(
     """Run the manager machine; a failure is raised as a :class:`ShrunkViolation` of the minimal run.
 
     ``base`` is the settings to search with (the loaded profile by default);
-    ``seed`` fixes the search's random seed.  Afterwards ``Lockstep.latest``
+    ``seed`` fixes the search's random seed (a derandomized ``base`` has one already:
+    :func:`kvcheck.stateful_tests.profiles.search_seed`).  Afterwards ``Lockstep.latest``
     is the minimal run, so the repro hook writes the shrunk trace.
     """
     __tracebackhide__ = True  # pytest shows the shrunk failure, not this function's source
-    machine = manager_machine(make_target, num_groups)
-    if seed is not None:
-        machine = fixed_seed(seed)(machine)
+    base = base or settings.default
+    seed = search_seed(base) if seed is None else seed
     try:
-        run_state_machine_as_test(machine, settings=search_settings(base, seed))
+        run_machine(manager_machine(make_target, num_groups), search_settings(base, seed), seed)
     except InvariantViolation as violation:
         failing = Lockstep.latest
         if failing is None or len(failing.trace) < violation.step:

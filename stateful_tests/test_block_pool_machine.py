@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis.stateful import run_state_machine_as_test
-
 from kvcheck.stateful_tests.block_pool_machine import block_pool_machine
+from kvcheck.stateful_tests.run import run_machine
 from kvcheck.targets import load_pool
 
 
 def test_block_pool_matches_the_pool_model_after_every_step(allocator: str) -> None:
     """Interleaved allocate / touch / cache / free / evict / reset sequences, with caching on or off,
     keep the free order, ref counts and cache entries equal to the pool model's."""
-    run_state_machine_as_test(block_pool_machine(load_pool(allocator)))
+    run_machine(block_pool_machine(load_pool(allocator)))

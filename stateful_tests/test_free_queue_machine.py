@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from hypothesis.stateful import run_state_machine_as_test
-
 from kvcheck.stateful_tests.free_queue_machine import free_queue_machine
+from kvcheck.stateful_tests.run import run_machine
 from kvcheck.targets import load_queue
 
 
 def test_free_queue_walks_match_a_plain_list_after_every_step(allocator: str) -> None:
     """Interleaved popleft_n / remove / append_n / prepend_n keep both walks, the count and the
     queue's self-check equal to a plain list of block ids."""
-    run_state_machine_as_test(free_queue_machine(load_queue(allocator)))
+    run_machine(free_queue_machine(load_queue(allocator)))

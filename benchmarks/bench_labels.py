@@ -1,0 +1,145 @@
+"""How often the manager machine reaches each coverage label at the ``ci`` budget: the ci run of each
+layout, and runs from random seeds.
+
+The ci run is what CI gates on: every label a layout's run must reach
+(:func:`kvcheck.stateful_tests.coverage.reachable_labels`) has to be reached
+there.  A label reached only once or twice in it hangs on luck, and runs
+from other seeds show whether the search reaches it or one seed happened
+to.  For each layout this prints, per label, the count in the ci run and the
+fewest (and how many seeds missed it) over the seeded runs.
+
+    python benchmarks/bench_labels.py                  # ci run + 10 random seeds, every layout
+    python benchmarks/bench_labels.py --seeds 0        # the ci run alone
+    python benchmarks/bench_labels.py --layouts mamba,samba --seed-base 100
+    python benchmarks/bench_labels.py --write docs/measurements/labels.md
+
+Exit status 1 when a label is reached fewer than ``--min-ci`` times in a ci
+run, or not at all under some seed.  Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypothesis import settings
+
+from kvcheck.stateful_tests.coverage import GROUP_LAYOUTS, LABELS_SEEN, reachable_labels
+from kvcheck.stateful_tests.profiles import PROFILES, pin_generation_constants
+from kvcheck.stateful_tests.run import run_manager_machine
+from kvcheck.stateful_tests.test_manager_machine import MAMBA_EXAMPLES_FACTOR
+from kvcheck.targets import load_target
+
+Layout = int | str | None
+Task = tuple[Layout, int | None]
+"""(layout, seed); seed None is the ci run."""
+
+
+def layout_name(layout: Layout) -> str:
+    return "groups-1-to-4" if layout is None else str(layout)
+
+
+def parse_layout(text: str) -> Layout:
+    if text == "groups-1-to-4":
+        return None
+    return int(text) if text.isdigit() else text
+
+
+def ci_settings(layout: Layout) -> settings:
+    """The ci profile, with the Mamba layouts' larger budget, as the ci run of the layout searches."""
+    base = PROFILES["ci"]
+    if layout == "mamba":
+        return settings(base, max_examples=MAMBA_EXAMPLES_FACTOR * base.max_examples)
+    return base
+
+
+def count_labels(task: Task) -> tuple[Task, dict[str, int], float]:
+    """One manager-machine run on kvcore: the labels it reached, with their counts."""
+    layout, seed = task
+    pin_generation_constants()
+    LABELS_SEEN.clear()
+    start = time.perf_counter()
+    run_manager_machine(load_target("kvcore"), layout, ci_settings(layout), seed=seed)
+    return task, dict(LABELS_SEEN), time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", default=None, help="comma-separated layouts (default: every one CI runs)")
+    parser.add_argument("--seeds", type=int, default=10, help="random seeds per layout beside the ci run")
+    parser.add_argument("--seed-base", type=int, default=None, help="use seeds base..base+N-1 instead of random")
+    parser.add_argument("--min-ci", type=int, default=3, help="fewest times the ci run must reach a label")
+    parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    parser.add_argument("--write", type=Path, default=None, help="also write the tables as Markdown to this file")
+    args = parser.parse_args()
+
+    layouts = [parse_layout(text) for text in args.layouts.split(",")] if args.layouts else list(GROUP_LAYOUTS)
+    if args.seed_base is None:
+        seeds = [random.randrange(2**32) for _ in range(args.seeds)]
+    else:
+        seeds = list(range(args.seed_base, args.seed_base + args.seeds))
+    tasks: list[Task] = [(layout, seed) for layout in layouts for seed in (None, *seeds)]
+    start = time.perf_counter()
+    with multiprocessing.Pool(args.workers) as pool:
+        results = pool.map(count_labels, tasks, chunksize=1)
+    elapsed = time.perf_counter() - start
+
+    counts: dict[Task, dict[str, int]] = {task: found for task, found, _ in results}
+    lines = [
+        "# Coverage labels at the ci budget",
+        "",
+        f"Written by `{' '.join(['python benchmarks/bench_labels.py', *sys.argv[1:]])}`",
+        f"on {datetime.date.today()}, commit {commit()}, {platform.machine()} with "
+        f"{multiprocessing.cpu_count()} cores, in {elapsed:.0f} s.",
+        f"Seeds: {', '.join(map(str, seeds)) or 'none'}.",
+        "",
+    ]
+    failures = []
+    for layout in layouts:
+        ci_counts = Counter(counts[(layout, None)])
+        header = "| label | ci run | fewest over seeds | median over seeds | seeds missing it |"
+        lines += [f"## {layout_name(layout)}", "", header]
+        lines.append("|---|---:|---:|---:|---:|")
+        for label in reachable_labels(layout):
+            seeded = [Counter(counts[(layout, seed)])[label] for seed in seeds]
+            fewest = min(seeded) if seeded else "-"
+            median = statistics.median(seeded) if seeded else "-"
+            missing = sum(1 for n in seeded if n == 0)
+            lines.append(f"| {label} | {ci_counts[label]} | {fewest} | {median} | {missing} |")
+            if ci_counts[label] < args.min_ci:
+                failures.append(f"{layout_name(layout)}: {label!r} reached {ci_counts[label]} times in the ci run")
+            if missing:
+                failures.append(f"{layout_name(layout)}: {label!r} missed under {missing} of {len(seeds)} seeds")
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text)
+    for failure in failures:
+        print("SHORT:", failure)
+    return 1 if failures else 0
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return out.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
