@@ -4,7 +4,7 @@ spellings (``--target``, ``--fault``, ``--groups``, ``--repros``) and loads the 
 every test here.
 
 Hypothesis profiles (``dev``, ``ci``, ``thorough``) are defined in
-:mod:`kvcheck.stateful_tests.profiles`; choose one with ``--hypothesis-profile NAME``
+:mod:`kvcheck.profiles`; choose one with ``--hypothesis-profile NAME``
 or ``HYPOTHESIS_PROFILE=NAME`` (``ci`` is the default when CI is set).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvcheck.profiles import register_profiles
 from kvcheck.pytest_plugin import add_options
-from kvcheck.stateful_tests.profiles import register_profiles
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

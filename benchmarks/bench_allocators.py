@@ -106,8 +106,8 @@ class VllmBackend:
     name = "vLLM"
 
     def __init__(self) -> None:
-        from kvcheck.config import GroupSpec
         from kvcheck.targets import vllm_target
+        from kvmodel.config import GroupSpec
 
         self.version = vllm_target.require_vllm().version
         self._vllm = vllm_target

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import settings
 
 from kvcheck.faults import FAULTS
+from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.replay import resolve_target
-from kvcheck.stateful_tests.profiles import PROFILES, pin_generation_constants
 from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 
 Outcome = tuple[str, int, bool, float, int | None, str | None]

@@ -27,10 +27,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck import lockstep
 from kvcheck import swarm as swarm_module
-from kvcheck.config import TargetConfig
 from kvcheck.stateful_tests.manager_machine import manager_machine
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
+from kvmodel.config import TargetConfig
 
 
 def count_steps() -> list[int]:

@@ -1,8 +1,10 @@
-"""kvcheck: the harness that drives KV-cache allocators and a reference model in lockstep.
+"""kvcheck: property-based model checking for paged KV-cache block allocators.
 
-Operations, the target configuration, target adapters, invariant reports and
-traces live here.  The reference model and the named invariants are
-:mod:`kvcheck.models`, the state machines :mod:`kvcheck.stateful_tests`, the
-corpus :mod:`kvcheck.regressions` (the repository's top-level ``models/``,
-``stateful_tests/`` and ``regressions/`` folders, installed inside kvcheck).
+Target adapters, the drivers (lockstep, swarm, explorer, campaign), traces,
+faults, export and the command line live here, on top of :mod:`kvcore` (the
+allocator) and :mod:`kvmodel` (the reference model, its operations,
+configuration, observations and invariants).  The state machines are
+:mod:`kvcheck.stateful_tests` and the corpus :mod:`kvcheck.regressions` (the
+repository's top-level ``stateful_tests/`` and ``regressions/`` folders,
+installed inside kvcheck).
 """

@@ -49,9 +49,9 @@ from typing import Any, TextIO
 
 import attrs
 
-from kvcheck.config import TargetConfig
 from kvcheck.targets import TargetFactory
 from kvcheck.trace import Trace
+from kvmodel.config import TargetConfig
 
 SHARD_KINDS = ("swarm", "machine", "explore")
 """The kinds of shard, in the order the driver submits them (round robin)."""
@@ -236,7 +236,7 @@ class _Meter:
 
 
 def _labels_now() -> dict[str, int]:
-    from kvcheck.stateful_tests.coverage import LABELS_SEEN
+    from kvcheck.coverage import LABELS_SEEN
 
     for _ in range(3):
         with contextlib.suppress(RuntimeError):  # the shard's thread added a label meanwhile
@@ -301,8 +301,8 @@ def run_shard(spec: ShardSpec, options: ShardOptions, board: Any = None) -> Shar
     """Run one shard in this process; ``board`` (a progress actor, or None) hears from it once a second.
 
     Every exception is caught and returned as the result's ``error``, so a shard never fails as a task."""
+    from kvcheck.coverage import LABELS_SEEN
     from kvcheck.replay import resolve_target
-    from kvcheck.stateful_tests.coverage import LABELS_SEEN
 
     result = ShardResult(spec)
     started = time.perf_counter()
@@ -366,10 +366,10 @@ def _machine_shard(
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvcheck.lockstep import Lockstep
-    from kvcheck.models.invariants import InvariantViolation
+    from kvcheck.profiles import PROFILES, SEARCH_PHASES, pin_generation_constants
     from kvcheck.stateful_tests.manager_machine import manager_machine
-    from kvcheck.stateful_tests.profiles import PROFILES, SEARCH_PHASES, pin_generation_constants
     from kvcheck.swarm import Failure
+    from kvmodel.invariants import InvariantViolation
 
     pin_generation_constants()
 
@@ -720,7 +720,7 @@ class Campaign:
         self.out.flush()
 
     def status_line(self, now: float, running: list[int]) -> str:
-        from kvcheck.stateful_tests.coverage import ALL_LABELS
+        from kvcheck.coverage import ALL_LABELS
 
         elapsed = now - self.started
         live = {key: self.live[key] for key in running if key in self.live}
@@ -750,7 +750,7 @@ def _s(count: int) -> str:
 
 def summary_lines(report: CampaignReport) -> list[str]:
     """The campaign's summary, as ``kvcheck run`` ends with its own."""
-    from kvcheck.stateful_tests.coverage import ALL_LABELS
+    from kvcheck.coverage import ALL_LABELS
 
     under = f" with fault {report.fault}" if report.fault else ""
     nodes = f" on {len(report.nodes)} node{_s(len(report.nodes))}" if report.nodes else ""

@@ -3,7 +3,7 @@ run campaigns on Ray, export traces as vLLM-only tests.
 
 Exit codes: 0 success, 1 an invariant was violated (or a fault survived),
 2 bad input (a malformed trace, an unknown target or fault, a value above its
-limit in :mod:`kvcheck.limits`).
+limit in :mod:`kvmodel.limits`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvcheck.limits import (
+from kvcheck.vllm_releases import semantics_in_force
+from kvmodel.limits import (
     MAX_FULL_CHECK_EVERY,
     MAX_GROUPS,
     MAX_KILL_MATRIX_SEEDS,
@@ -24,7 +25,6 @@ from kvcheck.limits import (
     MAX_SWARM_RUNS,
     above,
 )
-from kvcheck.vllm_releases import semantics_in_force
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -406,10 +406,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the installed vLLM, the semantics followed, the behaviour table on them, what is driven,
     and each known defect's standing on the installed release."""
-    from kvcheck.config import GROUP_KINDS
     from kvcheck.known_defects import DEFECTS, defect_status
     from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
-    from kvcheck.vllm_releases import BEHAVIOURS, KNOWN_VERSIONS, NEWEST, installed_vllm
+    from kvcheck.vllm_releases import installed_vllm
+    from kvmodel.config import GROUP_KINDS
+    from kvmodel.semantics import BEHAVIOURS, KNOWN_VERSIONS, NEWEST
 
     semantics = semantics_in_force()
     found = installed_vllm()
@@ -440,7 +441,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_drift_record(args: argparse.Namespace) -> int:
     from kvcheck.drift import record
     from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
-    from kvcheck.vllm_releases import KNOWN_VERSIONS
+    from kvmodel.semantics import KNOWN_VERSIONS
 
     semantics = args.semantics or KNOWN_VERSIONS[0]
     refusal = _out_of_range([("--swarm-runs", args.swarm_runs, 0, MAX_SWARM_RUNS), ("--seed", args.seed, 0, MAX_SEED)])

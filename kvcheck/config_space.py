@@ -69,7 +69,7 @@ import random
 
 import attrs
 
-from kvcheck.config import (
+from kvmodel.config import (
     CACHING_OFF_KINDS,
     MAMBA_KINDS,
     SLIDING_KINDS,

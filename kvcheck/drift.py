@@ -20,11 +20,12 @@ from typing import Any
 import attrs
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import describe_op
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
 from kvcheck.trace import Trace, TraceError, load_trace, parse_trace
-from kvcheck.vllm_releases import KNOWN_VERSIONS, Semantics, semantics_overridden
+from kvcheck.vllm_releases import semantics_overridden
+from kvmodel.ops import describe_op
+from kvmodel.semantics import KNOWN_VERSIONS, Semantics
 
 FORMAT = "kvcheck-drift"
 VERSION = 1

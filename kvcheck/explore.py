@@ -27,11 +27,14 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.models.manager_model import ManagerModel
-from kvcheck.ops import (
+from kvcheck.scopes import Scope
+from kvcheck.swarm import Failure
+from kvcheck.targets import TargetFactory
+from kvmodel.config import TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.manager_model import ManagerModel
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -45,9 +48,6 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
 )
-from kvcheck.scopes import Scope
-from kvcheck.swarm import Failure
-from kvcheck.targets import TargetFactory
 
 
 def candidate_ops(model: ManagerModel, scope: Scope, feature: str, num_added: int) -> Iterator[Operation]:

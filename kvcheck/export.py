@@ -16,7 +16,7 @@ pass back get variable names; requests are wrapped in
 but vLLM's own are not.  A plain ``VllmTarget`` runs alongside and must
 return and observe the same after every step, so the recording cannot
 drift from the target.  The expected values come from
-:class:`~kvcheck.models.manager_model.ManagerModel` stepped over the same
+:class:`~kvmodel.manager_model.ManagerModel` stepped over the same
 operations, never from vLLM.
 
 With KV cache events on (``enable_kv_cache_events``), the manager is built
@@ -48,11 +48,6 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import UNCACHED_KINDS, GroupSpec, TargetConfig
-from kvcheck.models.invariants import InvariantViolation, StepCheck, check_all
-from kvcheck.models.manager_model import ManagerModel
-from kvcheck.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
-from kvcheck.ops import Operation, StepResult, describe_op
 from kvcheck.targets.vllm_internals import CACHE_ENTRIES, layout
 from kvcheck.targets.vllm_target import (
     HASH_ALGORITHM,
@@ -62,6 +57,12 @@ from kvcheck.targets.vllm_target import (
     require_vllm,
 )
 from kvcheck.trace import Trace
+from kvcheck.vllm_releases import semantics_in_force
+from kvmodel.config import UNCACHED_KINDS, GroupSpec, TargetConfig
+from kvmodel.invariants import InvariantViolation, StepCheck, check_all
+from kvmodel.manager_model import ManagerModel
+from kvmodel.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
+from kvmodel.ops import Operation, StepResult, describe_op
 
 LINE_LENGTH = 120
 """The exported file's line length (kvcheck's own ruff setting): it is laid out as ``ruff format`` would."""
@@ -685,7 +686,7 @@ def export_trace(trace: Trace, source_name: str | Path, output_name: str | None 
         reference = VllmTarget(config)
     except Exception as exc:
         raise ExportError(where, f"vLLM cannot build a KVCacheManager for it: {type(exc).__name__}: {exc}") from exc
-    model = ManagerModel(config)
+    model = ManagerModel(config, semantics_in_force())
     model_events = 0  # how many events of the model's stream earlier steps added
     steps: list[ExportedStep] = []
     verdict: InvariantViolation | None = None

@@ -15,8 +15,8 @@ import attrs
 
 import kvcore
 from kvcheck import fault_plants as plants
-from kvcheck.config import TargetConfig
 from kvcheck.targets.kvcore_target import KvcoreTarget
+from kvmodel.config import TargetConfig
 
 
 @attrs.frozen

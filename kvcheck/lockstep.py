@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from kvcheck.config import TargetConfig
-from kvcheck.models.invariants import (
+from kvcheck.targets import Target, TargetFactory
+from kvcheck.vllm_releases import semantics_in_force
+from kvmodel.config import TargetConfig
+from kvmodel.invariants import (
     NOT_OBSERVED,
     EventReplay,
     InvariantViolation,
@@ -20,9 +22,8 @@ from kvcheck.models.invariants import (
     check_results,
     in_flight_blocks_held,
 )
-from kvcheck.models.manager_model import ManagerModel
-from kvcheck.ops import Operation, StepResult, describe_op
-from kvcheck.targets import Target, TargetFactory
+from kvmodel.manager_model import ManagerModel
+from kvmodel.ops import Operation, StepResult, describe_op
 
 T = TypeVar("T")
 
@@ -43,7 +44,7 @@ class Lockstep:
         self.config = config.validate()
         self.make_target = make_target
         self.target: Target = make_target(config)
-        self.model = ManagerModel(config)
+        self.model = ManagerModel(config, semantics_in_force())
         self.check = check
         self.full_check_every = full_check_every
         self.trace: list[Operation] = []

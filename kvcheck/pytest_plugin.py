@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
 from kvcheck.replay import resolve_target
 from kvcheck.repro import failing_trace, write_repro
 from kvcheck.targets import TargetFactory
+from kvmodel.invariants import InvariantViolation
 
 OPTIONS: dict[str, dict[str, object]] = {
     "target": {
@@ -80,7 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
-    from kvcheck.stateful_tests.profiles import PROFILES
+    from kvcheck.profiles import PROFILES
 
     chosen = config.getoption("hypothesis_profile", default=None)
     if chosen not in PROFILES:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.observation import Observation
-from kvcheck.ops import describe_op
 from kvcheck.replay import Replay
+from kvmodel.invariants import InvariantViolation
+from kvmodel.observation import Observation
+from kvmodel.ops import describe_op
 
 CHANGED = "*"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import attrs
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation, StepCheck
 from kvcheck.targets import TargetFactory, load_target
 from kvcheck.trace import Trace
+from kvmodel.invariants import InvariantViolation, StepCheck
 
 
 def resolve_target(target: str = "kvcore", fault: str | None = None) -> TargetFactory:

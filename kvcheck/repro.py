@@ -6,10 +6,10 @@ import datetime
 import re
 from pathlib import Path
 
-from kvcheck.config import TargetConfig
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import Operation
 from kvcheck.trace import Expectation, Provenance, Trace
+from kvmodel.config import TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import Operation
 
 STANDALONE = '''"""Standalone repro: {invariant} violated at step {step}.
 

@@ -10,7 +10,7 @@ import itertools
 
 import attrs
 
-from kvcheck.config import GroupSpec, TargetConfig
+from kvmodel.config import GroupSpec, TargetConfig
 
 LAYOUTS = {
     "full": ("full",),

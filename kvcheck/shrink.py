@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
-from kvcheck.config import ConfigError, TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import (
+from kvcheck.swarm import Failure
+from kvcheck.targets import TargetFactory
+from kvmodel.config import ConfigError, TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     Operation,
@@ -25,8 +27,6 @@ from kvcheck.ops import (
     StartAsyncLoad,
     first_reference_error,
 )
-from kvcheck.swarm import Failure
-from kvcheck.targets import TargetFactory
 
 Ops = tuple[Operation, ...]
 

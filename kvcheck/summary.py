@@ -26,7 +26,7 @@ class SuiteSummary:
             self.results.append((report.nodeid, report.outcome, report.duration))
 
     def lines(self) -> list[str]:
-        from kvcheck.stateful_tests.coverage import ALL_LABELS, GROUP_LAYOUTS, LABELS_SEEN, labels_required
+        from kvcheck.coverage import ALL_LABELS, GROUP_LAYOUTS, LABELS_SEEN, labels_required
 
         seconds = time.perf_counter() - self.started
         steps = Lockstep.total_steps - self.steps_before

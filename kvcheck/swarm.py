@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 import attrs
 
-from kvcheck.config import TargetConfig
 from kvcheck.config_space import random_config
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import (
+from kvcheck.targets import TargetFactory
+from kvmodel.config import TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -34,7 +35,6 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
 )
-from kvcheck.targets import TargetFactory
 
 OP_KINDS = (
     "add",

@@ -5,7 +5,7 @@ optional expectation (it fails with a named invariant when a named fault is
 planted) and optional provenance (where it came from, when, and its story).
 Traces are data: they are parsed with ``json`` and checked field by field;
 nothing in them is evaluated or unpickled.  A malformed trace, or one with a
-value above its limit (:mod:`kvcheck.limits`), raises :class:`TraceError`,
+value above its limit (:mod:`kvmodel.limits`), raises :class:`TraceError`,
 which names the file, the step and the field.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import ConfigError, GroupSpec, TargetConfig, is_int
-from kvcheck.limits import (
+from kvmodel.config import ConfigError, GroupSpec, TargetConfig, is_int
+from kvmodel.limits import (
     MAX_DRAFT_TOKENS,
     MAX_EVICT_BLOCK_IDS,
     MAX_GROUPS,
@@ -33,7 +33,7 @@ from kvcheck.limits import (
     above,
     shown,
 )
-from kvcheck.ops import OPERATION_TYPES, OPTIONAL_FIELDS, Operation, Schedule, first_reference_error, op_to_json
+from kvmodel.ops import OPERATION_TYPES, OPTIONAL_FIELDS, Operation, Schedule, first_reference_error, op_to_json
 
 FORMAT = "kvcheck-trace"
 VERSION = 1
@@ -307,7 +307,7 @@ class _Reader:
 def parse_trace(text: str, where: str = "<trace>") -> Trace:
     """Parse and validate trace text; raises :class:`TraceError` naming what is wrong.
 
-    Every value is checked against its limit in :mod:`kvcheck.limits`, so a
+    Every value is checked against its limit in :mod:`kvmodel.limits`, so a
     trace that loads replays in bounded time and memory.
     """
     reader = _Reader(where)

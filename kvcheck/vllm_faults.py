@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcheck.config import TargetConfig
 from kvcheck.fault_plants import (
     after_hit_taken,
     allocate_without_checkpoint,
@@ -41,6 +40,7 @@ from kvcheck.fault_plants import (
 from kvcheck.faults import Fault
 from kvcheck.targets.vllm_internals import clear_cache_map, event_extra_keys, lookahead_token_ids
 from kvcheck.targets.vllm_target import require_vllm
+from kvmodel.config import TargetConfig
 
 
 def _fifo_reuse_when_caching_off(manager: Any) -> None:

@@ -1,11 +1,8 @@
-"""The vLLM releases kvcheck knows, and the behaviours in which they differ: one table.
+"""The vLLM releases kvcheck knows: which one a run follows, and whether the installed vLLM is it.
 
-A *behaviour* is something vLLM's scheduler or allocator does in some
-releases and not in others that changes the allocator calls kvcheck makes
-or the outcome the model predicts.  Each row names the release it arrived
-in and, for every known release, the vLLM file and line where that release
-decides it.  A *release* row records a digest of every file the rows were
-read from (:data:`WATCHED_FILES`): an installed vLLM whose watched files
+The behaviours in which releases differ are the model's vocabulary
+(:mod:`kvmodel.semantics`).  A *release* row here records a digest of every file those rows
+were read from (:data:`WATCHED_FILES`): an installed vLLM whose watched files
 differ from its release's row (a fork, a patched copy, a source checkout)
 runs on that release's semantics, flagged as unconfirmed.
 
@@ -21,24 +18,13 @@ import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
-import re
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
 
-
-@attrs.frozen
-class Behaviour:
-    """One way vLLM releases differ: ``name`` (what the model and the harness test), ``statement``
-    (what a release that has it does), ``since`` (the first known release that has it) and
-    ``sources`` (per known release, the vLLM file and line that decides it there)."""
-
-    name: str
-    statement: str
-    since: str
-    sources: Mapping[str, str]
+from kvmodel.semantics import KNOWN_VERSIONS, NEWEST, Semantics, release_key
 
 
 @attrs.frozen
@@ -49,42 +35,6 @@ class Release:
     version: str
     watched: Mapping[str, str]
 
-
-SYNC_MAMBA_OUTPUT_CACHING = "sync_mamba_output_caching"
-HIT_LIMIT_FROM_REQUEST = "hit_limit_from_request"
-CACHED_TOKENS_PROBE = "cached_tokens_probe"
-
-BEHAVIOURS: tuple[Behaviour, ...] = (
-    Behaviour(
-        SYNC_MAMBA_OUTPUT_CACHING,
-        "After each sampled token of a running request, the scheduler calls cache_blocks(request, "
-        "num_computed_tokens - num_in_flight_tokens) when the model has Mamba layers, prefix caching is "
-        "on and scheduling is synchronous (before, only with output placeholders or speculative tokens).",
-        since="0.34.0",
-        sources={
-            "0.33.0": "vllm/v1/core/sched/scheduler.py:2410",
-            "0.34.0": "vllm/v1/core/sched/scheduler.py:2461",
-        },
-    ),
-    Behaviour(
-        HIT_LIMIT_FROM_REQUEST,
-        "get_computed_blocks caps a hit at Request.get_max_cache_hit_length(bound): the least of "
-        "num_tokens - 1, the request's prefix_cache_hit_limit and an explicit bound (before: the bound, "
-        "or num_tokens - 1, and a request skipping cache reads found nothing).",
-        since="0.34.0",
-        sources={
-            "0.33.0": "vllm/v1/core/kv_cache_manager.py:302",
-            "0.34.0": "vllm/v1/core/kv_cache_manager.py:324",
-        },
-    ),
-    Behaviour(
-        CACHED_TOKENS_PROBE,
-        "KVCacheManager.get_num_cached_tokens(request) returns the tokens a lookup would hit, capped at "
-        "num_tokens - 1, and changes nothing: no reference, no allocation, no event.",
-        since="0.34.0",
-        sources={"0.34.0": "vllm/v1/core/kv_cache_manager.py:255"},
-    ),
-)
 
 WATCHED_FILES = (
     "v1/core/__init__.py",
@@ -145,62 +95,14 @@ RELEASES: tuple[Release, ...] = (
         },
     ),
 )
-"""Oldest first; the last is the newest, which kvcore follows."""
+"""Oldest first, as :data:`kvmodel.semantics.KNOWN_VERSIONS`."""
 
-NEWEST = RELEASES[-1].version
-KNOWN_VERSIONS = tuple(release.version for release in RELEASES)
+if tuple(row.version for row in RELEASES) != KNOWN_VERSIONS:
+    raise AssertionError("every release whose semantics the model states needs its row of watched digests")
 
 
 class UnsupportedRelease(ValueError):
     """The installed vLLM is older than every release kvcheck knows."""
-
-
-@attrs.frozen
-class Semantics:
-    """The release whose behaviours the model and the harness's scheduler follow.
-
-    ``release`` is a known release; ``installed`` the vLLM version found
-    (``None``: vLLM is not installed); ``unconfirmed`` the reason its
-    behaviour is not known to be ``release``'s (an unknown version, or
-    watched files that differ from the release's), ``None`` when it is.
-    """
-
-    release: str
-    installed: str | None = None
-    unconfirmed: str | None = None
-
-    def __attrs_post_init__(self) -> None:
-        if self.release not in KNOWN_VERSIONS:
-            raise ValueError(f"semantics: {self.release!r} is not a known vLLM release ({', '.join(KNOWN_VERSIONS)})")
-
-    def has(self, name: str) -> bool:
-        """Whether the behaviour ``name`` is in force in this release."""
-        return release_key(self.release) >= release_key(behaviour(name).since)
-
-    def verdict_note(self) -> str | None:
-        """What every verdict printed on these semantics must say, or ``None`` when they are confirmed."""
-        if self.unconfirmed is None:
-            return None
-        return f"semantics unconfirmed for vLLM {self.installed}: {self.unconfirmed}"
-
-    def qualify(self, verdict: str) -> str:
-        """A verdict as printed on these semantics: followed by :meth:`verdict_note` when unconfirmed."""
-        note = self.verdict_note()
-        return verdict if note is None else f"{verdict} ({note})"
-
-    def describe(self) -> str:
-        """One line: the installed vLLM and the release semantics followed."""
-        installed = "vLLM not installed" if self.installed is None else f"vLLM {self.installed} installed"
-        confirmed = "" if self.unconfirmed is None else f" (unconfirmed: {self.unconfirmed})"
-        return f"{installed}; semantics of vLLM {self.release}{confirmed}"
-
-
-def behaviour(name: str) -> Behaviour:
-    """The row of behaviour ``name``."""
-    for row in BEHAVIOURS:
-        if row.name == name:
-            return row
-    raise KeyError(f"no vLLM behaviour named {name!r}")
 
 
 def release(version: str) -> Release:
@@ -209,15 +111,6 @@ def release(version: str) -> Release:
         if row.version == version:
             return row
     raise KeyError(f"vLLM {version} is not a known release ({', '.join(KNOWN_VERSIONS)})")
-
-
-def release_key(version: str) -> tuple[int, int, int]:
-    """The leading ``major.minor.patch`` of a version (``0.35.0.dev12+g1a2b`` gives ``(0, 35, 0)``)."""
-    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if match is None:
-        raise ValueError(f"vLLM version {version!r} does not start with major.minor")
-    major, minor, patch = match.groups()
-    return int(major), int(minor), int(patch or 0)
 
 
 def nearest_known(version: str) -> str:

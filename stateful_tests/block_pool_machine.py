@@ -1,4 +1,4 @@
-"""The block-pool machine: a block pool against :class:`kvcheck.models.pool_model.PoolModel`.
+"""The block-pool machine: a block pool against :class:`kvmodel.pool_model.PoolModel`.
 
 Holders stand for request tables: each holds the blocks it allocated or hit,
 in table order, and frees them tail first.  Cache keys are small ints that
@@ -16,7 +16,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, precondition, rule
 
-from kvcheck.models.pool_model import CacheKey, PoolModel
+from kvmodel.pool_model import CacheKey, PoolModel
 
 PoolEntry = tuple[int, int, int]
 """A prefix-cache entry as (group id, key, block id)."""

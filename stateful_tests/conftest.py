@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.stateful_tests.coverage import GROUP_LAYOUTS
-from kvcheck.stateful_tests.profiles import register_profiles
+from kvcheck.coverage import GROUP_LAYOUTS
+from kvcheck.profiles import register_profiles
 from kvcheck.targets import component_allocators
 
 

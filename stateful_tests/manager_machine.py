@@ -6,8 +6,10 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, multiple, precondition, rule
 
+from kvcheck.coverage import LABELS_SEEN, BeforeStep, step_labels
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import (
+from kvcheck.targets import TargetFactory
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -23,9 +25,8 @@ from kvcheck.ops import (
     StepResult,
     describe_op,
 )
-from kvcheck.stateful_tests.coverage import LABELS_SEEN, BeforeStep, step_labels
-from kvcheck.stateful_tests.strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
-from kvcheck.targets import TargetFactory
+
+from .strategies import MAX_LIVE_REQUESTS, block_aligned_prompts, prompts, target_configs, tokens
 
 MAX_PREFILL_CHUNKS = 8
 """The most steps one chunked prefill takes (a prompt of a few blocks needs fewer)."""

@@ -17,12 +17,13 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
+from kvcheck.profiles import SEARCH_PHASES, search_seed
 from kvcheck.shrink import replay_violation, shrink
-from kvcheck.stateful_tests.manager_machine import manager_machine
-from kvcheck.stateful_tests.profiles import SEARCH_PHASES, search_seed
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
+from kvmodel.invariants import InvariantViolation
+
+from .manager_machine import manager_machine
 
 
 @attrs.define(auto_exc=True, str=False)
@@ -40,7 +41,7 @@ class ShrunkViolation(InvariantViolation):
         text = super().__str__()
         if self.shrunk is None:
             return text
-        from kvcheck.ops import describe_op
+        from kvmodel.ops import describe_op
 
         lines = [text, f"shrunk from {self.found_at_step} to {len(self.shrunk.ops)} steps by kvcheck's shrinker:"]
         lines.append(f"  config: {self.shrunk.config.describe()}")
@@ -65,7 +66,7 @@ def seeded_settings(base: settings, seed: int | None) -> settings:
 
 def run_machine(machine: type[RuleBasedStateMachine], base: settings | None = None, seed: int | None = None) -> None:
     """Run a state machine under ``base`` (the loaded profile by default) from ``seed``; without one, a
-    derandomized profile searches from its fixed seed (:func:`kvcheck.stateful_tests.profiles.search_seed`)."""
+    derandomized profile searches from its fixed seed (:func:`kvcheck.profiles.search_seed`)."""
     __tracebackhide__ = True
     base = base or settings.default
     seed = search_seed(base) if seed is None else seed
@@ -84,7 +85,7 @@ def run_manager_machine(
 
     ``base`` is the settings to search with (the loaded profile by default);
     ``seed`` fixes the search's random seed (a derandomized ``base`` has one already:
-    :func:`kvcheck.stateful_tests.profiles.search_seed`).  Afterwards ``Lockstep.latest``
+    :func:`kvcheck.profiles.search_seed`).  Afterwards ``Lockstep.latest``
     is the minimal run, so the repro hook writes the shrunk trace.
     """
     __tracebackhide__ = True  # pytest shows the shrunk failure, not this function's source

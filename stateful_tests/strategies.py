@@ -6,8 +6,8 @@ import random
 
 from hypothesis import strategies as st
 
-from kvcheck.config import TargetConfig
 from kvcheck.config_space import random_config
+from kvmodel.config import TargetConfig
 
 MAX_LIVE_REQUESTS = 6
 TOKEN_ALPHABET = 3

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from kvcheck.stateful_tests.block_pool_machine import block_pool_machine
-from kvcheck.stateful_tests.run import run_machine
 from kvcheck.targets import load_pool
+
+from .block_pool_machine import block_pool_machine
+from .run import run_machine
 
 
 def test_block_pool_matches_the_pool_model_after_every_step(allocator: str) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from kvcheck.stateful_tests.free_queue_machine import free_queue_machine
-from kvcheck.stateful_tests.run import run_machine
 from kvcheck.targets import load_queue
+
+from .free_queue_machine import free_queue_machine
+from .run import run_machine
 
 
 def test_free_queue_walks_match_a_plain_list_after_every_step(allocator: str) -> None:

@@ -7,10 +7,11 @@ from collections import Counter
 
 from hypothesis import settings
 
-from kvcheck.stateful_tests.coverage import LABELS_SEEN, reachable_labels
-from kvcheck.stateful_tests.profiles import labels_must_be_reached
-from kvcheck.stateful_tests.run import run_manager_machine
+from kvcheck.coverage import LABELS_SEEN, reachable_labels
+from kvcheck.profiles import labels_must_be_reached
 from kvcheck.targets import TargetFactory
+
+from .run import run_manager_machine
 
 MAMBA_EXAMPLES_FACTOR = 2
 """Where every label must be reached, the Mamba layouts' run searches with this many times the profile's

@@ -8,7 +8,7 @@ carry kvcheck's plants, so for it the machine's reach is checked on kvcore.  The
 whatever profile is loaded: seeded from several fixed seeds, four times the
 ``dev`` budget each (4,000 examples; a planted seed bug is usually found in
 seconds, so the budget only bounds an unlucky search), no example database.  Generation does not depend on what ran
-before in the process (:func:`kvcheck.stateful_tests.profiles.pin_generation_constants`),
+before in the process (:func:`kvcheck.profiles.pin_generation_constants`),
 and shrinking is kvcheck's own, which is deterministic and not bounded by
 time, so the outcome is the same under any ``-n``, test order or load.
 Catching the bug from every seed, not one lucky one, is the point:
@@ -23,10 +23,11 @@ import pytest
 from hypothesis import settings
 
 from kvcheck.lockstep import Lockstep
+from kvcheck.profiles import PROFILES, has_ci_budget
 from kvcheck.replay import resolve_target
-from kvcheck.stateful_tests.profiles import PROFILES, has_ci_budget
-from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 from kvcheck.targets import component_allocators
+
+from .run import ShrunkViolation, run_manager_machine
 
 SEEDS = (0, 1, 2)
 """The seeds searched under a profile with at least the ``ci`` budget (the first alone under a smaller one)."""

@@ -1,7 +1,7 @@
 """Target adapters: one allocator behind one small interface.
 
-A target is built from a :class:`~kvcheck.config.TargetConfig`, applies
-operations (:mod:`kvcheck.ops`) and reports :class:`~kvcheck.observation.Observation`
+A target is built from a :class:`~kvmodel.config.TargetConfig`, applies
+operations (:mod:`kvmodel.ops`) and reports :class:`~kvmodel.observation.Observation`
 snapshots.  Machines, traces and drivers only ever talk to this interface.
 """
 
@@ -11,32 +11,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from kvcheck.config import TargetConfig
-from kvcheck.observation import Observation
-from kvcheck.ops import Operation, StepResult
-
-
-class Target(Protocol):
-    """An allocator under test."""
-
-    name: str
-
-    def apply(self, op: Operation) -> StepResult:
-        """Carry out one operation."""
-        ...
-
-    def observe(self) -> Observation:
-        """The current state, as block ids and token prefixes."""
-        ...
-
-    def check_internal(self) -> None:
-        """The allocator's own structural self-check (may do nothing); raises AssertionError."""
-        ...
-
-
-TargetFactory = Callable[[TargetConfig], Target]
+# The interface lives in its own module (so that the differential target, which the loader below builds,
+# imports it without importing this package); importers name it from here.
+from kvcheck.targets.interface import Target as Target
+from kvcheck.targets.interface import TargetFactory as TargetFactory
 
 
 def load_target(spec: str) -> TargetFactory:

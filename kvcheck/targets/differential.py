@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvcheck.config import TargetConfig
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.observation import Observation
-from kvcheck.ops import Operation, StepResult, describe_op
-from kvcheck.targets import Target, TargetFactory
+from kvcheck.targets.interface import Target, TargetFactory
 from kvcheck.vllm_releases import semantics_in_force
+from kvmodel.config import TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.observation import Observation
+from kvmodel.ops import Operation, StepResult, describe_op
 
 COMPARED_FIELDS = ("tables", "free_order", "ref_counts", "cache_entries", "events")
 

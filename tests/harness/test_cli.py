@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck import kill_matrix, limits
+from kvcheck import kill_matrix
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from kvcheck.trace import load_trace
+from kvmodel import limits
 from tests.harness.test_trace_format import CORPUS_PATHS, MALFORMED, REPO, S000, S003, Malformed, write_malformed
 
 S003_FAULT = "interleaved-external-alloc"
@@ -393,7 +394,8 @@ def test_the_console_script_replays_with_the_documented_exit_code(
 def test_doctor_names_the_semantics_followed_and_each_behaviour(capsys: pytest.CaptureFixture[str]) -> None:
     """`kvcheck doctor` says which vLLM is installed, which release's semantics kvcheck follows, and which
     behaviours of the table are in force on them (in the default set-up, without vLLM: the newest)."""
-    from kvcheck.vllm_releases import BEHAVIOURS, semantics_in_force
+    from kvcheck.vllm_releases import semantics_in_force
+    from kvmodel.semantics import BEHAVIOURS
 
     assert main(["doctor"]) == EXIT_OK
     out = capsys.readouterr().out

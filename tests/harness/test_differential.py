@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import AddRequest, Finish, Schedule
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
 from kvcheck.targets.differential import DifferentialTarget
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import AddRequest, Finish, Schedule
 
 
 def test_kvcore_agrees_with_itself_over_a_swarm_run() -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.drift import FORMAT, VERSION, Drift, DriftFileError, canonical, compare, read
-from kvcheck.ops import AddRequest, Schedule
 from kvcheck.trace import Trace
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.ops import AddRequest, Schedule
 
 TRACE = Trace(TargetConfig(4, 1, (GroupSpec("full"),), True), (AddRequest("a", (0, 1)), Schedule("a", 2, 0, 0)))
 

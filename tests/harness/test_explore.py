@@ -9,12 +9,12 @@ import pytest
 
 from kvcheck import cli
 from kvcheck.explore import canonical_state, explore
-from kvcheck.models.manager_model import ManagerModel
-from kvcheck.ops import AddRequest, Schedule
 from kvcheck.replay import replay, resolve_target
 from kvcheck.scopes import SCOPES
 from kvcheck.targets import load_target
 from kvcheck.trace import load_trace
+from kvmodel.manager_model import ManagerModel
+from kvmodel.ops import AddRequest, Schedule
 
 CI_SCOPE = SCOPES["ci"]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import AddRequest, Finish, Schedule
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import AddRequest, Finish, Schedule
 
 FAST = 8
 

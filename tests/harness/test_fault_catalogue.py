@@ -6,11 +6,12 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.faults import FAULTS, get_fault
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import InvariantViolation
-from kvcheck.ops import (
+from kvcheck.targets import load_target
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.invariants import InvariantViolation
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -22,7 +23,6 @@ from kvcheck.ops import (
     SpecDecode,
     StartAsyncLoad,
 )
-from kvcheck.targets import load_target
 
 FULL = GroupSpec("full")
 

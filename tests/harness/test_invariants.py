@@ -8,12 +8,12 @@ from collections.abc import Callable
 import attrs
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.models.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
-from kvcheck.observation import ClearedEvent, RemovedEvent
-from kvcheck.ops import AddRequest, Finish, Schedule, SpecDecode
 from kvcheck.targets import load_target
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
+from kvmodel.observation import ClearedEvent, RemovedEvent
+from kvmodel.ops import AddRequest, Finish, Schedule, SpecDecode
 
 CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
 EVENTS = attrs.evolve(CACHING, enable_kv_cache_events=True)

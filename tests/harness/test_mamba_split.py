@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.ops import Schedule, ScheduleAmounts, split_at_mamba_states
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.ops import Schedule, ScheduleAmounts, split_at_mamba_states
 
 CONFIG = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True)
 

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+MODELS = Path(__file__).resolve().parents[2] / "kvmodel"
 
 
-def test_no_model_module_imports_kvcore() -> None:
-    """No module under models/ names kvcore in an import statement."""
+def test_no_model_module_imports_kvcore_or_kvcheck() -> None:
+    """No module under kvmodel/ names kvcore or kvcheck in an import statement: the model is a bottom
+    layer beside kvcore, not built on what it checks or on what drives it."""
     offenders = []
     for path in sorted(MODELS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -21,17 +22,17 @@ def test_no_model_module_imports_kvcore() -> None:
                 names = [node.module or ""]
             else:
                 continue
-            offenders += [f"{path.name}: {name}" for name in names if name.split(".")[0] == "kvcore"]
-    assert not offenders, f"models/ imports kvcore: {offenders}"
+            offenders += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("kvcore", "kvcheck")]
+    assert not offenders, f"kvmodel/ imports kvcore or kvcheck: {offenders}"
 
 
-def test_importing_the_model_loads_no_kvcore_module() -> None:
-    """Importing every model module, in a fresh interpreter, leaves kvcore unloaded."""
+def test_importing_the_model_loads_no_kvcore_or_kvcheck_module() -> None:
+    """Importing every model module, in a fresh interpreter, leaves kvcore and kvcheck unloaded."""
     code = (
         "import sys\n"
-        "import kvcheck.models.manager_model, kvcheck.models.pool_model, kvcheck.models.invariants\n"
-        "loaded = sorted(m for m in sys.modules if m == 'kvcore' or m.startswith('kvcore.'))\n"
+        "import kvmodel.manager_model, kvmodel.pool_model, kvmodel.invariants\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('kvcore', 'kvcheck'))\n"
         "print(','.join(loaded))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=MODELS.parent, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "", f"kvcore modules loaded by the model: {result.stdout.strip()}"
+    assert result.stdout.strip() == "", f"kvcore or kvcheck modules loaded by the model: {result.stdout.strip()}"

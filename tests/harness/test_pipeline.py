@@ -6,10 +6,10 @@ and asserts the concrete state vLLM 0.33.0's scheduler would leave.
 
 from __future__ import annotations
 
-from kvcheck.config import GroupSpec, TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule
 from kvcheck.targets import load_target
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule
 
 ASYNC = TargetConfig(8, 1, (GroupSpec("full"),), True, async_scheduling=True)
 

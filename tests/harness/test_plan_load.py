@@ -1,4 +1,4 @@
-"""How a step settles a waiting request's hit and a connector's external tokens (``kvcheck.ops.plan_load``
+"""How a step settles a waiting request's hit and a connector's external tokens (``kvmodel.ops.plan_load``
 and ``plan_step``): a load past a sub-block hit's tail cuts the hit back to the scheduler block boundary,
 a shorter one is dropped, and beside align-mode Mamba groups a load ends inside a state block and the
 step's chunk in the same block."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.ops import Schedule, ends_inside_state_blocks, plan_load, plan_step
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.ops import Schedule, ends_inside_state_blocks, plan_load, plan_step
 
 FULL = TargetConfig(16, 2, (GroupSpec("full"),), True).validate()
 # Mamba states in 4-token blocks hashed every 2 tokens: sub-block hits, a scheduler block of 4.

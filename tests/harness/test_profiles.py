@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
-from kvcheck.stateful_tests.profiles import PROFILES, has_ci_budget, labels_must_be_reached
+from kvcheck.profiles import PROFILES, has_ci_budget, labels_must_be_reached
 
 
 @pytest.mark.parametrize(("name", "required"), [("ci", True), ("dev", False), ("thorough", False), ("smoke", False)])

@@ -4,7 +4,7 @@ The seed-bug tests rely on it: a search that drove other operations after
 other tests had run, or under another string-hash seed, could catch a bug
 alone and miss it in the gate.  Hypothesis may draw values from the
 constants of every local module in ``sys.modules``
-(:func:`kvcheck.stateful_tests.profiles.pin_generation_constants` pins that pool),
+(:func:`kvcheck.profiles.pin_generation_constants` pins that pool),
 and Python's string hashing changes set order from one process to the next.
 Each search here runs in a fresh interpreter: one plain, one that first
 imports a local module full of integer constants and hashes strings with
@@ -22,12 +22,12 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvcheck.ops import Operation, StepResult
+from kvcheck.profiles import PROFILES
 from kvcheck.stateful_tests.manager_machine import manager_machine
-from kvcheck.stateful_tests.profiles import PROFILES
 from kvcheck.stateful_tests.run import run_machine
 from kvcheck.targets import TargetFactory
 from kvcheck.targets.kvcore_target import KvcoreTarget
+from kvmodel.ops import Operation, StepResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ if {import_constants!r}:
     import kvcheck_constants_module  # noqa: F401
 from hypothesis import settings
 from kvcheck.targets.kvcore_target import KvcoreTarget
-from kvcheck.stateful_tests.profiles import PROFILES, pin_generation_constants
+from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.stateful_tests.run import run_manager_machine
 
 pin_generation_constants()

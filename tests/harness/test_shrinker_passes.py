@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.ops import AddRequest, Schedule, SpecDecode
 from kvcheck.replay import resolve_target
 from kvcheck.shrink import replay_violation, shrink
 from kvcheck.swarm import Failure
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.ops import AddRequest, Schedule, SpecDecode
 
 RING_AND_CHUNK = TargetConfig(10, 1, (GroupSpec("ring"), GroupSpec("chunked_local", 6)), True)
 GROWN_ONE_TOKEN_AT_A_TIME = (

@@ -14,9 +14,12 @@ from typing import Any
 import attrs
 import pytest
 
-from kvcheck import limits
-from kvcheck.config import GROUP_KINDS, ConfigError, GroupSpec, TargetConfig
-from kvcheck.ops import (
+from kvcheck.replay import replay, resolve_target
+from kvcheck.repro import failing_trace, write_repro
+from kvcheck.trace import FORMAT, SCHEMA_PATH, VERSION, Expectation, Trace, TraceError, load_trace, parse_trace
+from kvmodel import limits
+from kvmodel.config import GROUP_KINDS, ConfigError, GroupSpec, TargetConfig
+from kvmodel.ops import (
     OPERATION_TYPES,
     OPTIONAL_FIELDS,
     AddRequest,
@@ -27,9 +30,6 @@ from kvcheck.ops import (
     ResetPrefixCache,
     Schedule,
 )
-from kvcheck.replay import replay, resolve_target
-from kvcheck.repro import failing_trace, write_repro
-from kvcheck.trace import FORMAT, SCHEMA_PATH, VERSION, Expectation, Trace, TraceError, load_trace, parse_trace
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "regressions" / "traces"
@@ -545,7 +545,7 @@ def op_schema_named(name: str) -> dict[str, Any]:
 
 
 def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
-    """Each maximum, maxItems and maxLength in the schema equals its constant in kvcheck.limits."""
+    """Each maximum, maxItems and maxLength in the schema equals its constant in kvmodel.limits."""
     config = SCHEMA["properties"]["config"]["properties"]
     add, schedule_op, evict_op = (op_schema_named(n)["properties"] for n in ("add_request", "schedule", "evict_blocks"))
     pairs = {
@@ -586,7 +586,7 @@ def test_schema_maxima_are_the_limits_the_loader_applies() -> None:
                 limits.MAX_REQUEST_ID_CHARS,
             )
     drifted = {field: pair for field, pair in pairs.items() if pair[0] != pair[1]}
-    assert not drifted, f"schema value != kvcheck.limits constant: {drifted}"
+    assert not drifted, f"schema value != kvmodel.limits constant: {drifted}"
 
 
 def bounded_nodes(node: object, path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -20,10 +20,10 @@ from typing import Any
 import attrs
 import pytest
 
-from kvcheck import limits
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
-from kvcheck.ops import AddRequest
 from kvcheck.trace import TraceError, load_trace, parse_trace
+from kvmodel import limits
+from kvmodel.ops import AddRequest
 from tests.harness.test_trace_format import CORPUS_PATHS, S000
 
 SEED = 20261201

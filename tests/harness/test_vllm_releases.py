@@ -10,26 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.config import GroupSpec, TargetConfig
-from kvcheck.models.manager_model import ManagerModel
-from kvcheck.ops import AddRequest, Finish, Schedule
-from kvcheck.pipeline import caches_after_sync_output
 from kvcheck.targets.kvcore_target import KvcoreTarget
 from kvcheck.vllm_releases import (
-    BEHAVIOURS,
-    KNOWN_VERSIONS,
-    NEWEST,
     RELEASES,
-    SYNC_MAMBA_OUTPUT_CACHING,
     WATCHED_FILES,
-    Semantics,
     UnsupportedRelease,
     changed_files,
     nearest_known,
-    release_key,
     semantics_for,
     watched_digests,
 )
+from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.manager_model import ManagerModel
+from kvmodel.ops import AddRequest, Finish, Schedule
+from kvmodel.pipeline import caches_after_sync_output
+from kvmodel.semantics import BEHAVIOURS, KNOWN_VERSIONS, NEWEST, SYNC_MAMBA_OUTPUT_CACHING, Semantics, release_key
 
 MAMBA_BESIDE_FULL = TargetConfig(
     16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True, num_hash_lookahead_tokens=1

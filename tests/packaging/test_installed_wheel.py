@@ -83,13 +83,13 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
     )
     (wheel,) = wheels.glob("kvcheck-*.whl")
 
-    # Nothing with a generic name lands in site-packages: the suite lives inside kvcheck.
+    # Nothing with a generic name lands in site-packages: the suite lives inside kvcheck, beside kvcore and kvmodel.
     with zipfile.ZipFile(wheel) as archive:
         top_level = {name.split("/")[0] for name in archive.namelist() if not name.split("/")[0].endswith(".dist-info")}
         names = set(archive.namelist())
-    assert top_level == {"kvcheck", "kvcore"}, f"the wheel installs top-level {sorted(top_level)}"
+    assert top_level == {"kvcheck", "kvcore", "kvmodel"}, f"the wheel installs top-level {sorted(top_level)}"
     for shipped in (
-        "kvcheck/models/invariants.py",
+        "kvmodel/invariants.py",
         "kvcheck/stateful_tests/manager_machine.py",
         "kvcheck/regressions/test_replay.py",
         "kvcheck/regressions/traces/s000_fifo_reuse_when_caching_off.json",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvcheck.config import TargetConfig
 from kvcheck.lockstep import Lockstep
-from kvcheck.ops import Operation, StepResult
 from kvcheck.targets import load_target
+from kvmodel.config import TargetConfig
+from kvmodel.ops import Operation, StepResult
 
 
 def run_alike(config: TargetConfig, ops: Sequence[Operation]) -> tuple[Lockstep, list[StepResult]]:

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import kvcore
-from kvcheck.config import GroupSpec
 from kvcheck.targets.kvcore_target import kvcore_spec
 from kvcheck.targets.vllm_target import make_manager, make_request
+from kvmodel.config import GroupSpec
 
 NUM_BLOCKS = 16
 

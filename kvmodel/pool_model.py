@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
-from kvcheck.observation import CacheEvent, ClearedEvent, RemovedEvent
+from kvmodel.observation import CacheEvent, ClearedEvent, RemovedEvent
 
 NULL = 0
 CacheKey = tuple[int, tuple[int, ...]]
