@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvcheck.vllm_releases import semantics_in_force
 from kvmodel.limits import (
@@ -25,6 +26,9 @@ from kvmodel.limits import (
     MAX_SWARM_RUNS,
     above,
 )
+
+if TYPE_CHECKING:
+    from kvcheck.trace import Trace
 
 EXIT_OK, EXIT_VIOLATION, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -146,7 +150,7 @@ def _run_swarm(args: argparse.Namespace) -> bool:
 # -- replay and show -------------------------------------------------------------
 
 
-def _load(paths: Sequence[str]) -> list[tuple[str, object]] | int:
+def _load(paths: Sequence[str]) -> list[tuple[str, Trace]] | int:
     from kvcheck.trace import TraceError, load_trace
 
     traces = []
@@ -225,7 +229,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     _, trace = loaded[0]
     corpus = Corpus(Path(args.corpus) if args.corpus else default_corpus())
     try:
-        message = corpus.promote(trace, args.name, args.story, datetime.date.today().isoformat())  # type: ignore[arg-type]
+        message = corpus.promote(trace, args.name, args.story, datetime.date.today().isoformat())
     except ValueError as exc:
         return _bad_input(str(exc))
     print(message)
@@ -318,7 +322,7 @@ def _explore_scope(args: argparse.Namespace) -> object:
     if refusal is not None:
         return refusal
     scope = SCOPES[args.scope]
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     for option, field in (
         ("depth", "depth"),
         ("max_requests", "max_requests"),

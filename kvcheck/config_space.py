@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import TypedDict
 
 import attrs
 
@@ -78,6 +79,17 @@ from kvmodel.config import (
     GroupSpec,
     TargetConfig,
 )
+
+
+class _Admission(TypedDict, total=False):
+    """The admission gate of a draw (at most one) and the encoder's length: keyword arguments of
+    :class:`TargetConfig`."""
+
+    reserve_full_sequence: bool
+    max_in_flight_tokens: int | None
+    reserved_blocks: int
+    watermark: float
+    num_encoder_tokens: int
 
 
 def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
@@ -304,7 +316,7 @@ def random_config(
     # one gate at a time: the whole request must fit (its window groups
     # capped by the tokens in flight), blocks reserved for other steps, or a
     # watermark.  (A gate on every warm start would refuse its resume.)
-    admission: dict[str, object] = {}
+    admission: _Admission = {}
     if rng.random() < 1 / 4:
         gate = rng.choice(["full_sequence", "reserved", "watermark"])
         if gate == "full_sequence":
@@ -316,21 +328,23 @@ def random_config(
     if num_encoder_tokens:
         admission["num_encoder_tokens"] = num_encoder_tokens
     if not drafter_and_async:
-        return TargetConfig(num_blocks, block_size, groups, enable_caching, **admission)
+        return TargetConfig(
+            num_blocks=num_blocks, block_size=block_size, groups=groups, enable_caching=enable_caching, **admission
+        )
     # The KV cache event stream in half the runs.
     enable_kv_cache_events = rng.random() < 1 / 2
     config = TargetConfig(
-        num_blocks,
-        block_size,
-        groups,
-        enable_caching,
-        use_eagle,
-        num_lookahead_tokens,
-        async_scheduling,
-        defer_block_free,
-        hash_lookahead,
-        prefill_lookahead,
-        eagle_group_ids,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        groups=groups,
+        enable_caching=enable_caching,
+        use_eagle=use_eagle,
+        num_lookahead_tokens=num_lookahead_tokens,
+        async_scheduling=async_scheduling,
+        defer_block_free=defer_block_free,
+        num_hash_lookahead_tokens=hash_lookahead,
+        num_prefill_lookahead=prefill_lookahead,
+        eagle_group_ids=eagle_group_ids,
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )

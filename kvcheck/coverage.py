@@ -276,7 +276,8 @@ class BeforeStep:
     @classmethod
     def capture(cls, model: ManagerModel, op: Operation) -> BeforeStep:
         request_id = getattr(op, "request_id", None)
-        held = {b for (rid, _), table in model.pool.holders.items() if rid == request_id for b in table}
+        holders = model.pool.holders.items()
+        held = {b for holder, table in holders if isinstance(holder, tuple) and holder[0] == request_id for b in table}
         plain = None
         if isinstance(op, Schedule) and model.config.use_eagle and model.config.enable_caching:
             request = model.requests.get(op.request_id)

@@ -85,7 +85,8 @@ def plant_fifo_reuse_when_caching_off(manager: kvcore.KVCacheManager) -> None:
         pool.free_queue.prepend_n(to_head)
         pool.free_queue.append_n(to_tail)
 
-    pool.free_blocks = free_blocks  # type: ignore[method-assign]
+    # The planted copy has no evict_first parameter (kvcore never passes it).
+    pool.free_blocks = free_blocks  # type: ignore[method-assign, assignment]
 
 
 def plant_interleaved_external_alloc(manager: kvcore.KVCacheManager) -> None:
@@ -413,7 +414,8 @@ def plant_hit_taken_before_admission(manager: kvcore.KVCacheManager) -> None:
                     record_for_zeroing=group_manager.group_id not in skip_zeroing_group_ids,
                 )
 
-    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+    # The planted copy takes the trailing options as keywords (**more).
+    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign, assignment]
     coordinator.allocate_new_computed_blocks = allocate_new_computed_blocks  # type: ignore[method-assign]
 
 
@@ -452,7 +454,8 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
                 request_id, num_tokens - num_lookahead_tokens, hit, total_computed, False, num_encoder_tokens, **more
             )
 
-        coordinator.num_blocks_to_allocate = blocks_for_computed_tokens  # type: ignore[method-assign]
+        # The planted copy takes the trailing options as keywords (**more).
+        coordinator.num_blocks_to_allocate = blocks_for_computed_tokens  # type: ignore[method-assign, assignment]
         try:
             return allocate_slots(
                 request,
@@ -467,7 +470,8 @@ def plant_admission_ignores_lookahead(manager: kvcore.KVCacheManager) -> None:
         finally:
             del coordinator.num_blocks_to_allocate
 
-    manager.allocate_slots = allocate_slots_sized_without_lookahead  # type: ignore[method-assign]
+    # The planted copy takes the admission options as keywords (**admission_gates).
+    manager.allocate_slots = allocate_slots_sized_without_lookahead  # type: ignore[method-assign, assignment]
 
 
 # -- speculative steps ---------------------------------------------------------
@@ -514,7 +518,7 @@ def popped_in_eviction_order(pop_blocks_for_free: Any) -> Any:
     the scheduler reverses the list again, so a deferred free evicts the shared prefix first."""
 
     def pop_tail_first(request_id: str) -> list[Any]:
-        blocks = pop_blocks_for_free(request_id)
+        blocks: list[Any] = pop_blocks_for_free(request_id)
         # The bug: the popped list is documented in allocation order, but is
         # returned in the order free() releases blocks (the tail first).
         return blocks[::-1]
@@ -594,7 +598,7 @@ def plant_stored_event_repeats_cached_blocks(manager: kvcore.KVCacheManager) -> 
             request: kvcore.Request,
             num_cached: int,
             num_full: int,
-            positions: list[int],
+            positions: Sequence[int],
             stored_event: Any = stored_event,
             group_manager: Any = group_manager,
         ) -> kvcore.BlockStored:
@@ -603,7 +607,7 @@ def plant_stored_event_repeats_cached_blocks(manager: kvcore.KVCacheManager) -> 
             # consumer counts the blocks cached before as stored twice.
             table = group_manager.req_to_blocks[request.request_id]
             earlier = [p for p in range(num_cached) if table[p].block_hash is not None]
-            return stored_event(request, 0, num_full, earlier + positions)  # type: ignore[no-any-return]
+            return stored_event(request, 0, num_full, [*earlier, *positions])  # type: ignore[no-any-return]
 
         group_manager._stored_event = stored_event_from_the_start  # type: ignore[method-assign]
 
@@ -699,7 +703,8 @@ def plant_cross_attention_counted_by_decoder_tokens(manager: kvcore.KVCacheManag
             **more,
         )
 
-    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign]
+    # The planted copy takes the trailing options as keywords (**more).
+    coordinator.num_blocks_to_allocate = num_blocks_to_allocate  # type: ignore[method-assign, assignment]
 
 
 def every_computed_token_skipped(num_computed_tokens: int) -> int:
@@ -825,7 +830,8 @@ def plant_shared_prefix_boundary_dropped(manager: kvcore.KVCacheManager) -> None
         request.shared_prefix_boundary = 0
         return hit
 
-    manager.get_computed_blocks = hit_without_shared_prefix  # type: ignore[method-assign]
+    # The planted copy has no max_cache_hit_length parameter (kvcore's target never passes it).
+    manager.get_computed_blocks = hit_without_shared_prefix  # type: ignore[method-assign, assignment]
 
 
 def plant_replicated_group_sharded(manager: kvcore.KVCacheManager) -> None:
@@ -943,7 +949,7 @@ def whole_block_drop(manager_class: type, drop: str, alignment: str) -> type:
         dropping = kwargs.get(drop, False) and step < block_size and block_size % step == 0
         if dropping:
             kwargs[drop] = False
-        hit, length = super(subclass, cls).find_longest_cache_hit(*args, **kwargs)  # type: ignore[misc]
+        hit, length = super(subclass, cls).find_longest_cache_hit(*args, **kwargs)
         if dropping and length:
             # The bug: the drop is the block-granular one of a cache without sub-block hits.
             length = max(0, length - block_size)
@@ -951,7 +957,7 @@ def whole_block_drop(manager_class: type, drop: str, alignment: str) -> type:
                 del blocks[ceil_div(length, block_size) :]
         return hit, length
 
-    subclass = type(
+    subclass: type[Any] = type(
         f"WholeBlockDrop{manager_class.__name__}",
         (manager_class,),
         {"find_longest_cache_hit": classmethod(find_longest_cache_hit)},
@@ -969,9 +975,10 @@ def block_granular_lookup(manager_class: type, alignment: str) -> type:
         if (kwargs.get(alignment) or spec.block_size) < spec.block_size:
             # The bug: the lookup takes the block-granular path of a window that cannot stop inside a block.
             kwargs[alignment] = spec.block_size
-        return super(subclass, cls).find_longest_cache_hit(*args, **kwargs)  # type: ignore[misc,no-any-return]
+        found: tuple[Any, int] = super(subclass, cls).find_longest_cache_hit(*args, **kwargs)
+        return found
 
-    subclass = type(
+    subclass: type[Any] = type(
         f"BlockGranular{manager_class.__name__}",
         (manager_class,),
         {"find_longest_cache_hit": classmethod(find_longest_cache_hit)},
@@ -1441,22 +1448,23 @@ def offer_finished_tails_whatever_followed(
 
 def plant_finished_tail_offered_after_later_tokens(manager: kvcore.KVCacheManager) -> None:
     for state_manager in aligned_mamba_managers(manager):
-        offer_finished_tails_whatever_followed(
-            state_manager,
-            "finalize_tail_offload",
-            lambda state_manager=state_manager: state_manager.producer_tails,
-            lambda tail: tail,
-        )
+
+        def tails_of(state_manager: AlignedMambaManager = state_manager) -> dict[str, tuple[KVBlock, int]]:
+            return state_manager.producer_tails
+
+        offer_finished_tails_whatever_followed(state_manager, "finalize_tail_offload", tails_of, lambda tail: tail)
 
 
 def plant_state_offered_from_its_written_block(manager: kvcore.KVCacheManager) -> None:
     for state_manager in aligned_mamba_managers(manager):
-        offer_written_blocks_for_their_copies(
-            state_manager,
-            lambda state_manager=state_manager: state_manager.state_offloads,
-            lambda state_manager=state_manager: state_manager.pending_copies,
-            1,
-        )
+
+        def offers_of(state_manager: AlignedMambaManager = state_manager) -> list[tuple[str, KVBlock, int]]:
+            return state_manager.state_offloads
+
+        def copies_of(state_manager: AlignedMambaManager = state_manager) -> list[tuple[KVBlock, KVBlock]]:
+            return state_manager.pending_copies
+
+        offer_written_blocks_for_their_copies(state_manager, offers_of, copies_of, 1)
 
 
 def plant_truncated_hit_keeps_its_state(manager: kvcore.KVCacheManager) -> None:

@@ -136,7 +136,7 @@ def _keys_of_the_first_state_block(manager: Any, request: Any, chunks: tuple[int
     """The number of tokens the request's first Mamba state block is keyed after, following each chunk
     (a sampled token appended after each when ``sample``); ``None`` after a refused chunk."""
     states = manager.coordinator.single_type_managers[1]
-    keyed_after = []
+    keyed_after: list[Any] = []
     for num_new_tokens in chunks:
         if manager.allocate_slots(request, num_new_tokens) is None:
             return [*keyed_after, None]

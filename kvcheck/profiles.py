@@ -75,6 +75,14 @@ def labels_must_be_reached(current: settings) -> bool:
     return current.derandomize and has_ci_budget(current)
 
 
+def loaded_profile() -> settings:
+    """The settings of the profile loaded (Hypothesis always has one)."""
+    current = settings.default
+    if current is None:
+        raise RuntimeError("no Hypothesis profile is loaded")
+    return current
+
+
 def search_seed(current: settings) -> int | None:
     """The seed a machine run under ``current`` searches from: :data:`SEARCH_SEED` when the profile is
     derandomized (the same search in every process and after any edit to the machines), none when it
@@ -100,7 +108,7 @@ def pin_generation_constants() -> None:
         return
     if not hasattr(providers, "_get_local_constants"):
         return
-    empty = providers.Constants()
+    empty = providers.Constants()  # type: ignore[attr-defined]  # not exported, as the pool it replaces
     providers._get_local_constants = lambda: empty
     providers.CONSTANTS_CACHE.cache.clear()
 

@@ -64,7 +64,7 @@ def add_options(parser: pytest.Parser, prefix: str) -> None:
     """Register the suite's options as ``--{prefix}NAME``, all stored under ``kvcheck_NAME``."""
     group = parser.getgroup("kvcheck")
     for name, settings in OPTIONS.items():
-        group.addoption(f"--{prefix}{name}", dest=f"kvcheck_{name}", **settings)  # type: ignore[arg-type]
+        group.addoption(f"--{prefix}{name}", dest=f"kvcheck_{name}", **settings)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -108,7 +108,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = outcome.get_result()
     if report.when != "call" or not report.failed or call.excinfo is None:
         return
-    violation = call.excinfo.value
+    violation: BaseException | None = call.excinfo.value
     while violation is not None and not isinstance(violation, InvariantViolation):
         violation = violation.__cause__ or violation.__context__
     lockstep = Lockstep.latest

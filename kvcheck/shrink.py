@@ -19,6 +19,7 @@ from kvcheck.targets import TargetFactory
 from kvmodel.config import ConfigError, TargetConfig
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import (
+    REQUEST_OPERATIONS,
     AddRequest,
     EvictBlocks,
     Operation,
@@ -32,6 +33,9 @@ Ops = tuple[Operation, ...]
 
 MAX_POOL_CUT = 8
 """The most blocks the pool is cut by when a request or a group is dropped with it."""
+
+_NAMED_OPERATIONS = (AddRequest, *REQUEST_OPERATIONS)
+"""Every operation that names a request by ``request_id``."""
 
 
 def replay_violation(make_target: TargetFactory, config: TargetConfig, ops: Ops) -> InvariantViolation | None:
@@ -177,10 +181,12 @@ def _rename_requests(ops: Ops) -> Ops:
     for op in ops:
         if isinstance(op, AddRequest):
             names.setdefault(op.request_id, f"r{len(names)}")
-    renamed = []
+    renamed: list[Operation] = []
     for op in ops:
-        request_id = getattr(op, "request_id", None)
-        renamed.append(attrs.evolve(op, request_id=names[request_id]) if request_id in names else op)
+        if isinstance(op, _NAMED_OPERATIONS) and op.request_id in names:
+            renamed.append(attrs.evolve(op, request_id=names[op.request_id]))
+        else:
+            renamed.append(op)
     return tuple(renamed)
 
 
@@ -225,18 +231,22 @@ def _folded_decodes(ops: Ops) -> Iterator[Ops]:
             grown = add.prompt + _appended(first) + sum((_appended(ops[i]) for i in folded[:-1]), ())
             computed = sum(len(_appended(ops[i])) for i in folded)
             last = ops[folded[-1]]
+            assert isinstance(last, (Schedule, SpecDecode))
             step = attrs.evolve(first, num_new_tokens=first.num_new_tokens + computed, sampled_token=last.sampled_token)
-            replaced = {add_index: attrs.evolve(add, prompt=grown), own[0]: step}
+            replaced: dict[int, Operation] = {add_index: attrs.evolve(add, prompt=grown), own[0]: step}
             yield tuple(replaced.get(i, op) for i, op in enumerate(ops) if i not in folded)
 
 
 def _merge_request(ops: Ops, gone: str, into: str) -> Ops:
     """``gone``'s arrival dropped and its later operations addressed to ``into`` instead."""
-    merged = []
+    merged: list[Operation] = []
     for op in ops:
         if isinstance(op, AddRequest) and op.request_id == gone:
             continue
-        merged.append(attrs.evolve(op, request_id=into) if getattr(op, "request_id", None) == gone else op)
+        if isinstance(op, _NAMED_OPERATIONS) and op.request_id == gone:
+            merged.append(attrs.evolve(op, request_id=into))
+        else:
+            merged.append(op)
     return tuple(merged)
 
 

@@ -11,6 +11,7 @@ which names the file, the step and the field.
 
 from __future__ import annotations
 
+import builtins
 import json
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ class _Reader:
     def fail(self, message: str, step: int | None = None, field: str | None = None) -> TraceError:
         return TraceError(self.where, step, field, message)
 
-    def object(self, value: object, field: str, step: int | None = None) -> dict[str, Any]:
+    def object(self, value: builtins.object, field: str, step: int | None = None) -> dict[str, Any]:
         if not isinstance(value, dict):
             raise self.fail(f"expected an object, got {type(value).__name__} {shown(value)}", step, field)
         return value
@@ -147,7 +148,7 @@ class _Reader:
                 prefix + _field_name(key),
             )
 
-    def integer(self, value: object, field: str, minimum: int, maximum: int, step: int | None = None) -> int:
+    def integer(self, value: builtins.object, field: str, minimum: int, maximum: int, step: int | None = None) -> int:
         if not is_int(value):
             raise self.fail(f"expected an integer, got {type(value).__name__} {shown(value)}", step, field)
         if value < minimum:
@@ -156,7 +157,7 @@ class _Reader:
             raise self.fail(above(value, maximum), step, field)
         return value
 
-    def string(self, value: object, field: str, step: int | None = None, max_chars: int | None = None) -> str:
+    def string(self, value: builtins.object, field: str, step: int | None = None, max_chars: int | None = None) -> str:
         if not isinstance(value, str) or not value:
             raise self.fail(f"expected a non-empty string, got {shown(value)}", step, field)
         if max_chars is not None and len(value) > max_chars:
@@ -164,7 +165,7 @@ class _Reader:
         return value
 
     def int_list(
-        self, value: object, field: str, bounds: tuple[int, int], max_items: tuple[int, str], step: int
+        self, value: builtins.object, field: str, bounds: tuple[int, int], max_items: tuple[int, str], step: int
     ) -> tuple[int, ...]:
         """A non-empty list of at most ``max_items`` (count, unit) integers, each within ``bounds`` (min, max)."""
         if not isinstance(value, list) or not value:
@@ -173,7 +174,7 @@ class _Reader:
             raise self.fail(above(len(value), *max_items), step, field)
         return tuple(self.integer(item, f"{field}[{i}]", *bounds, step) for i, item in enumerate(value))
 
-    def config(self, value: object) -> TargetConfig:
+    def config(self, value: builtins.object) -> TargetConfig:
         raw = self.object(value, "config")
         required = {"num_blocks", "block_size", "enable_caching", "groups"}
         optional = {
@@ -233,34 +234,34 @@ class _Reader:
                 )
             )
         config = TargetConfig(
-            raw["num_blocks"],
-            raw["block_size"],
-            tuple(groups),
-            raw["enable_caching"],
-            raw.get("use_eagle", False),
-            raw.get("num_lookahead_tokens", 0),
-            raw.get("async_scheduling", False),
-            raw.get("defer_block_free", False),
-            raw.get("num_hash_lookahead_tokens", 0),
-            raw.get("num_prefill_lookahead", 0),
-            tuple(eagle_group_ids),
-            raw.get("reserve_full_sequence", False),
-            raw.get("max_in_flight_tokens"),
-            raw.get("reserved_blocks", 0),
-            raw.get("watermark", 0.0),
-            raw.get("enable_kv_cache_events", False),
-            raw.get("num_encoder_tokens", 0),
-            raw.get("hash_block_size"),
-            raw.get("prefix_cache_retention_interval"),
-            raw.get("dcp_world_size", 1),
-            raw.get("enable_mamba_shared_prefix_checkpoint", False),
+            num_blocks=raw["num_blocks"],
+            block_size=raw["block_size"],
+            groups=tuple(groups),
+            enable_caching=raw["enable_caching"],
+            use_eagle=raw.get("use_eagle", False),
+            num_lookahead_tokens=raw.get("num_lookahead_tokens", 0),
+            async_scheduling=raw.get("async_scheduling", False),
+            defer_block_free=raw.get("defer_block_free", False),
+            num_hash_lookahead_tokens=raw.get("num_hash_lookahead_tokens", 0),
+            num_prefill_lookahead=raw.get("num_prefill_lookahead", 0),
+            eagle_group_ids=tuple(eagle_group_ids),
+            reserve_full_sequence=raw.get("reserve_full_sequence", False),
+            max_in_flight_tokens=raw.get("max_in_flight_tokens"),
+            reserved_blocks=raw.get("reserved_blocks", 0),
+            watermark=raw.get("watermark", 0.0),
+            enable_kv_cache_events=raw.get("enable_kv_cache_events", False),
+            num_encoder_tokens=raw.get("num_encoder_tokens", 0),
+            hash_block_size=raw.get("hash_block_size"),
+            prefix_cache_retention_interval=raw.get("prefix_cache_retention_interval"),
+            dcp_world_size=raw.get("dcp_world_size", 1),
+            enable_mamba_shared_prefix_checkpoint=raw.get("enable_mamba_shared_prefix_checkpoint", False),
         )
         try:
             return config.validate()
         except ConfigError as exc:
             raise self.fail(exc.detail, None, f"config.{exc.field}") from None
 
-    def op(self, value: object, step: int) -> Operation:
+    def op(self, value: builtins.object, step: int) -> Operation:
         raw = self.object(value, "op", step)
         if "op" not in raw:
             raise self.fail("missing", step, "op")

@@ -6,6 +6,7 @@ fault patches attributes of the manager object a target just built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kvcheck.fault_plants import (
@@ -83,7 +84,7 @@ def _interleaved_external_alloc(manager: Any) -> None:
 
 def _admission_ignores_lookahead(manager: Any) -> None:
     coordinator = manager.coordinator
-    count_blocks = coordinator.get_num_blocks_to_allocate
+    count_blocks: Callable[..., int] = coordinator.get_num_blocks_to_allocate
 
     def blocks_for_main_model_tokens(**kwargs: Any) -> int:
         # The bug: admission is sized for the main model's tokens; the
@@ -301,7 +302,7 @@ def _ring_grows_like_full_attention(manager: Any) -> None:
 
 def _cross_attention_counted_by_decoder_tokens(manager: Any) -> None:
     coordinator = manager.coordinator
-    count_blocks = coordinator.get_num_blocks_to_allocate
+    count_blocks: Callable[..., int] = coordinator.get_num_blocks_to_allocate
 
     def blocks_for_decoder_tokens(**kwargs: Any) -> int:
         # The bug: cross-attention's blocks are counted for the decoder's tokens.
@@ -477,7 +478,7 @@ def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
     from vllm.v1.core.kv_cache_utils import resolve_block_hashes
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
-    class StateSearchStopsAtFirstMiss(MambaManager):
+    class StateSearchStopsAtFirstMiss(MambaManager):  # type: ignore[misc]  # vLLM's class is untyped (Any)
         @classmethod
         def find_longest_cache_hit(
             cls,
@@ -522,11 +523,11 @@ def _mamba_state_search_stops_at_first_miss(manager: Any) -> None:
         ]
 
 
-def _recount_blocks(group_manager: Any, recount: Any) -> None:
+def _recount_blocks(group_manager: Any, recount: Callable[[Any, int, str, int, Any, int], int]) -> None:
     """Plant ``recount(group_manager, count, request_id, num_tokens_main_model, hit blocks, tokens of
     the local hit)`` into a vLLM group manager's admission count; a count above the pool (a Mamba state
     cached this step: refused either way) is left as it is."""
-    count_blocks = group_manager.get_num_blocks_to_allocate
+    count_blocks: Callable[..., int] = group_manager.get_num_blocks_to_allocate
 
     def get_num_blocks_to_allocate(
         request_id: str,
@@ -736,22 +737,26 @@ def _truncated_hit_keeps_its_state(manager: Any) -> None:
 
 def _state_offered_from_its_written_block(manager: Any) -> None:
     for state_manager in _align_mode_mamba_managers(manager):
-        offer_written_blocks_for_their_copies(
-            state_manager,
-            lambda state_manager=state_manager: state_manager._pending_boundary_state_offloads,
-            lambda state_manager=state_manager: state_manager._pending_cow_copies,
-            2,
-        )
+
+        def offers_of(state_manager: Any = state_manager) -> Any:
+            return state_manager._pending_boundary_state_offloads
+
+        def copies_of(state_manager: Any = state_manager) -> Any:
+            return state_manager._pending_cow_copies
+
+        offer_written_blocks_for_their_copies(state_manager, offers_of, copies_of, 2)
 
 
 def _finished_tail_offered_after_later_tokens(manager: Any) -> None:
     for state_manager in _align_mode_mamba_managers(manager):
-        offer_finished_tails_whatever_followed(
-            state_manager,
-            "finalize_partial_tail_offload",
-            lambda state_manager=state_manager: state_manager._producer_partial_tail_reqs,
-            lambda tail, state_manager=state_manager: (state_manager.kv_cache_group_id, *tail),
-        )
+
+        def tails_of(state_manager: Any = state_manager) -> Any:
+            return state_manager._producer_partial_tail_reqs
+
+        def offer(tail: Any, state_manager: Any = state_manager) -> tuple[Any, ...]:
+            return (state_manager.kv_cache_group_id, *tail)
+
+        offer_finished_tails_whatever_followed(state_manager, "finalize_partial_tail_offload", tails_of, offer)
 
 
 VLLM_FAULTS: dict[str, Fault] = {

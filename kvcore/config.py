@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
 from kvcore.errors import InvalidConfig
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _strs(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
 
 
 def _positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -256,6 +265,10 @@ def _max_model_len(instance: object, attribute: attrs.Attribute[Any], value: obj
         _positive_int(instance, attribute, value)
 
 
+def _specs(values: Iterable[AttentionSpec]) -> tuple[AttentionSpec, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class KVCacheConfig:
     """One KV cache: a pool of ``num_blocks`` blocks shared by every group.
@@ -322,11 +335,11 @@ class KVCacheConfig:
     """
 
     num_blocks: int = attrs.field(validator=_num_blocks)
-    groups: tuple[AttentionSpec, ...] = attrs.field(converter=tuple, validator=_groups)
+    groups: tuple[AttentionSpec, ...] = attrs.field(converter=_specs, validator=_groups)
     enable_caching: bool = attrs.field(default=True, validator=_boolean)
     max_model_len: int | None = attrs.field(default=None, validator=_max_model_len)
     use_eagle: bool = attrs.field(default=False, validator=_boolean)
-    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=_ints)
     num_prefill_lookahead: int = attrs.field(default=0)
     watermark: float = attrs.field(default=0.0)
     max_in_flight_tokens: int | None = attrs.field(default=None)
@@ -335,8 +348,8 @@ class KVCacheConfig:
     hash_block_size: int = attrs.field(default=None, validator=_optional_block_size)
     prefix_cache_retention_interval: int | None = attrs.field(default=None)
     dcp_world_size: int = attrs.field(default=1, validator=_positive_int)
-    dcp_replicated_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    kv_cache_dtypes: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    dcp_replicated_group_ids: tuple[int, ...] = attrs.field(default=(), converter=_ints)
+    kv_cache_dtypes: tuple[str, ...] = attrs.field(default=(), converter=_strs)
     enable_mamba_shared_prefix_checkpoint: bool = attrs.field(default=False, validator=_boolean)
 
     def __attrs_post_init__(self) -> None:

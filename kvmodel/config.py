@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, TypeGuard
 
 import attrs
@@ -18,6 +19,12 @@ from kvmodel.limits import (
     above,
     shown,
 )
+
+
+def int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    """The converter of fields holding block ids, group ids or tokens."""
+    return tuple(values)
+
 
 GROUP_KINDS = (
     "full",
@@ -297,7 +304,7 @@ class TargetConfig:
     defer_block_free: bool = False
     num_hash_lookahead_tokens: int = 0
     num_prefill_lookahead: int = 0
-    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    eagle_group_ids: tuple[int, ...] = attrs.field(default=(), converter=int_tuple)
     reserve_full_sequence: bool = False
     max_in_flight_tokens: int | None = None
     reserved_blocks: int = 0

@@ -318,7 +318,7 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
     num_slots = check.sut_result.num_slots
     if not check.sut_result.admitted or num_slots is None:
         return
-    request_id = getattr(check.op, "request_id", None)
+    request_id: str = getattr(check.op, "request_id", "")  # an admitted step names its request
     tables = check.sut.tables.get(request_id, tuple(() for _ in check.config.groups))
     for group_id, table in enumerate(tables):
         if check.config.groups[group_id].kind in UNCACHED_KINDS:
@@ -714,7 +714,7 @@ def hit_block_never_written(check: StepCheck) -> None:
     hit_length, hit_blocks = result.hit_length, result.hit_block_ids
     if not result.admitted or not hit_length or hit_blocks is None:
         return
-    request_id = getattr(check.op, "request_id", None)
+    request_id: str = getattr(check.op, "request_id", "")  # an admitted step names its request
     tables = check.sut.tables.get(request_id)
     if tables is None:
         return
@@ -747,7 +747,7 @@ def block_copies_well_formed(check: StepCheck) -> None:
     result = check.sut_result
     if not result.block_copies:
         return
-    request_id = getattr(check.op, "request_id", None)
+    request_id: str = getattr(check.op, "request_id", "")  # an admitted step names its request
     tables = check.sut.tables.get(request_id, ())
     held = {block for table in tables for block in table if block}
     held_by_any = {block for groups in check.sut.tables.values() for table in groups for block in table if block}
@@ -879,7 +879,7 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
     result = check.sut_result
     zeroed = result.zeroed_block_ids
     config = check.config
-    request_id = getattr(check.op, "request_id", None)
+    request_id: str = getattr(check.op, "request_id", "")  # an admitted step names its request
     tables = check.sut.tables.get(request_id, ())
     if not config.needs_zeroing:
         if zeroed:

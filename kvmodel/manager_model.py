@@ -305,7 +305,7 @@ class ManagerModel:
 
         hit_tokens, longest = self._fixed_point(len(request.tokens) - 1, lookup)
         request.shared_prefix_boundary = longest if longest > hit_tokens else 0
-        found_ids = []
+        found_ids: list[tuple[int, ...]] = []
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
             if group.kind in UNCACHED_KINDS or hit_tokens == 0:
@@ -588,7 +588,8 @@ class ManagerModel:
             return StepResult()
         if not op.same_step:
             self.cached_this_step.clear()  # a new scheduler step starts
-        hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
+        hit_length = 0
+        hit_ids: GroupIds = tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
         self.found_hit_tokens = hit_length
@@ -844,7 +845,9 @@ class ManagerModel:
         block more, as it may start inside a block), in blocks of ``block_size`` tokens: the group's
         size on one rank, as vLLM 0.33.0 counts them under decode context parallelism."""
         in_flight = self.config.max_in_flight_tokens
-        if in_flight is None or group.kind not in (*SLIDING_KINDS, "chunked_local"):
+        if in_flight is None:
+            return None
+        if group.kind not in (*SLIDING_KINDS, "chunked_local") or group.window is None:
             return None
         if group.kind in SLIDING_KINDS:
             return ceil_div(group.window - 1 + in_flight, block_size) + 1
@@ -1250,7 +1253,8 @@ class ManagerModel:
             return StepResult()
         self.cached_this_step.clear()  # a new scheduler step starts
         num_groups = len(self.groups)
-        hit_length, hit_ids = 0, tuple(() for _ in range(num_groups))
+        hit_length = 0
+        hit_ids: GroupIds = tuple(() for _ in range(num_groups))
         if self.config.enable_caching:
             hit_length, hit_ids = self.find_hit(rid)
         adopted, external = plan_async_load(op, self.config, len(request.tokens), hit_length)

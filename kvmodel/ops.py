@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from kvmodel.config import int_tuple
+
 if TYPE_CHECKING:
     from kvmodel.config import TargetConfig
 
@@ -30,7 +32,7 @@ class AddRequest:
 
     name: ClassVar[str] = "add_request"
     request_id: str
-    prompt: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt: tuple[int, ...] = attrs.field(converter=int_tuple)
 
 
 @attrs.frozen
@@ -152,7 +154,7 @@ class EvictBlocks:
     """Drop the prefix-cache entries of the given blocks (held blocks stay allocated)."""
 
     name: ClassVar[str] = "evict_blocks"
-    block_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    block_ids: tuple[int, ...] = attrs.field(converter=int_tuple)
 
 
 @attrs.frozen

@@ -58,7 +58,7 @@ def read_positions(
     included (``None``: it ran none since it was last admitted from waiting): vLLM's model runner
     saved the state in that step's last block and copies it from there, so after rejected drafts
     it lies past the computed tokens."""
-    positions = []
+    positions: list[tuple[int, ...]] = []
     for group, block_size in zip(groups, block_sizes, strict=True):
         end = -(-(num_computed_tokens + num_new_tokens) // block_size)
         if group.kind == "ring":
@@ -168,7 +168,7 @@ class StepPipeline:
         a step that computed the last token under synchronous scheduling;
         never under async scheduling, where the step goes in flight.
         """
-        samples = request.num_computed_tokens >= num_tokens + self.num_placeholders(request_id)
+        samples: bool = request.num_computed_tokens >= num_tokens + self.num_placeholders(request_id)
         if not self.async_scheduling:
             return samples
         request.num_in_flight_tokens += num_scheduled_tokens

@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.profiles import SEARCH_PHASES, search_seed
+from kvcheck.profiles import SEARCH_PHASES, loaded_profile, search_seed
 from kvcheck.shrink import replay_violation, shrink
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
@@ -52,7 +52,7 @@ class ShrunkViolation(InvariantViolation):
 def search_settings(base: settings | None = None, seed: int | None = None) -> settings:
     """``base`` (the loaded profile by default) searching only: the first failing example is reported
     as is.  With ``seed``, the search is seeded instead of derandomized, and uses no database."""
-    base = base or settings.default
+    base = base or loaded_profile()
     phases = [phase for phase in base.phases if phase in SEARCH_PHASES]
     return seeded_settings(settings(base, phases=phases, report_multiple_bugs=False), seed)
 
@@ -68,7 +68,7 @@ def run_machine(machine: type[RuleBasedStateMachine], base: settings | None = No
     """Run a state machine under ``base`` (the loaded profile by default) from ``seed``; without one, a
     derandomized profile searches from its fixed seed (:func:`kvcheck.profiles.search_seed`)."""
     __tracebackhide__ = True
-    base = base or settings.default
+    base = base or loaded_profile()
     seed = search_seed(base) if seed is None else seed
     if seed is not None:
         machine = fixed_seed(seed)(machine)
@@ -89,7 +89,7 @@ def run_manager_machine(
     is the minimal run, so the repro hook writes the shrunk trace.
     """
     __tracebackhide__ = True  # pytest shows the shrunk failure, not this function's source
-    base = base or settings.default
+    base = base or loaded_profile()
     seed = search_seed(base) if seed is None else seed
     try:
         run_machine(manager_machine(make_target, num_groups), search_settings(base, seed), seed)

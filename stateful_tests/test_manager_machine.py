@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import settings
 
 from kvcheck.coverage import LABELS_SEEN, reachable_labels
-from kvcheck.profiles import labels_must_be_reached
+from kvcheck.profiles import labels_must_be_reached, loaded_profile
 from kvcheck.targets import TargetFactory
 
 from .run import run_manager_machine
@@ -23,7 +23,7 @@ def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_g
     across 1 to 4 hybrid groups (or the Mamba layouts) keep every named invariant after every step,
     and, under a derandomized profile with the ci budget, reach every coverage label the run must reach."""
     before = Counter(LABELS_SEEN)
-    base = settings.default
+    base = loaded_profile()
     if num_groups == "mamba" and labels_must_be_reached(base):
         base = settings(base, max_examples=MAMBA_EXAMPLES_FACTOR * base.max_examples)
     run_manager_machine(make_target, num_groups, base)
@@ -32,5 +32,5 @@ def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_g
     if not missing:
         return
     message = f"coverage labels never reached: {missing}; seen: {dict(seen)}"
-    assert not labels_must_be_reached(settings.default), message
+    assert not labels_must_be_reached(loaded_profile()), message
     warnings.warn(message, stacklevel=1)

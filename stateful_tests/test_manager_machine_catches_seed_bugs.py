@@ -23,7 +23,7 @@ import pytest
 from hypothesis import settings
 
 from kvcheck.lockstep import Lockstep
-from kvcheck.profiles import PROFILES, has_ci_budget
+from kvcheck.profiles import PROFILES, has_ci_budget, loaded_profile
 from kvcheck.replay import resolve_target
 from kvcheck.targets import component_allocators
 
@@ -44,7 +44,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         allocators = component_allocators(metafunc.config.getoption("kvcheck_target")) or ["kvcore"]
         metafunc.parametrize("planted_into", allocators)
     if "seed" in metafunc.fixturenames:
-        seeds = SEEDS if has_ci_budget(settings.default) else SEEDS[:1]
+        seeds = SEEDS if has_ci_budget(loaded_profile()) else SEEDS[:1]
         metafunc.parametrize("seed", seeds, ids=[f"seed-{seed}" for seed in seeds])
 
 

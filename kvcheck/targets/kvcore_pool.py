@@ -18,6 +18,7 @@ class KvcorePool(IdNamedPool):
     name = "kvcore"
     moves_cached_blocks = True
     refusal = kvcore.OutOfBlocks
+    pool: kvcore.BlockPool
 
     def __init__(
         self,
