@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from measurement import recorded_output
+
 try:
     import kvcore
 except ImportError:  # a checkout that is not installed: use the repository root
@@ -366,7 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the ops per repeat")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     parser.add_argument("--no-vllm", action="store_true", help="run kvcore alone")
+    parser.add_argument("--write", default=None, help="also write the report as Markdown to this file")
     args = parser.parse_args(argv)
+    with recorded_output(args.write, "Allocator speed: kvcore and vLLM", "bench_allocators.py"):
+        return measure_and_print(args)
+
+
+def measure_and_print(args: argparse.Namespace) -> int:
 
     vllm_backend, reason = (None, "--no-vllm") if args.no_vllm else load_vllm()
     if vllm_backend is None:

@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
+from measurement import recorded_output
 
 from kvcheck.campaign import RAY_MISSING, SHARD_KINDS, import_ray, run_campaign
 
@@ -61,6 +62,7 @@ def main() -> int:
         "--repeats", type=int, default=1, help="campaigns per worker count, alternated; the best is kept (default 1)"
     )
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument("--write", default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
     ray = import_ray()
     if ray is None:
@@ -74,6 +76,15 @@ def main() -> int:
         if workers not in best or row.steps_per_second > best[workers].steps_per_second:
             best[workers] = row
     rows = [best[workers] for workers in counts]
+    with recorded_output(args.write, "Campaign throughput by worker count", "bench_campaign.py"):
+        print_rows(args, rows)
+    if args.json:
+        figures = [{**attrs.asdict(row), "steps_per_second": round(row.steps_per_second)} for row in rows]
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if all(row.clean for row in rows) else 1
+
+
+def print_rows(args: argparse.Namespace, rows: list[Row]) -> None:
     print(f"kvcheck campaign, {args.minutes:g} min per run, seed {args.seed}, target kvcore, {os.cpu_count()} CPUs")
     print(f"{'workers':>7}  {'shards swarm/machine/explore':>28}  {'steps':>10}  {'seconds':>7}  {'steps/s':>8}")
     for row in rows:
@@ -82,10 +93,6 @@ def main() -> int:
     for row in rows[1:]:
         ratio = row.steps_per_second / max(rows[0].steps_per_second, 1e-9)
         print(f"{row.workers} workers / {rows[0].workers}: {ratio:.2f}x steps/s")
-    if args.json:
-        figures = [{**attrs.asdict(row), "steps_per_second": round(row.steps_per_second)} for row in rows]
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if all(row.clean for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import settings
+from measurement import provenance, write_markdown
 
 from kvcheck.faults import FAULTS
 from kvcheck.profiles import PROFILES, pin_generation_constants
@@ -71,6 +72,7 @@ def main() -> int:
         choices=["mamba", "samba"],
         help="run the manager machine's Mamba layouts alone, or Mamba beside local attention",
     )
+    parser.add_argument("--write", default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
 
     if args.faults:
@@ -89,17 +91,20 @@ def main() -> int:
     layouts = {"mamba": "Mamba layouts", "samba": "Mamba beside local attention"}.get(
         args.layout or "", "groups drawn from 1 to 4"
     )
-    print(
-        f"target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run, {layouts}"
-    )
-    print(f"seeds: {seeds}")
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         outcomes = pool.map(hunt, tasks, chunksize=1)
-    print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f}s on {args.workers} workers\n")
-
-    print("| fault | caught | report s (median) | report s (max) | shrunk steps | invariants |")
-    print("|---|---|---|---|---|---|")
+    lines = [
+        "# Detection power of the manager machine",
+        "",
+        provenance("bench_detection.py"),
+        f"Target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run, "
+        f"{layouts}; {len(tasks)} runs in {time.perf_counter() - start:.0f} s on {args.workers} workers.",
+        f"Seeds: {seeds}.",
+        "",
+        "| fault | caught | report s (median) | report s (max) | shrunk steps | invariants |",
+        "|---|---|---|---|---|---|",
+    ]
     weakest = len(seeds)
     for fault in faults:
         mine = [o for o in outcomes if o[0] == fault]
@@ -113,13 +118,14 @@ def main() -> int:
         worst = f"{max(times):.1f}" if times else "-"
         span = f"{min(steps)}-{max(steps)}" if steps else "-"
         names = ", ".join(f"{name} ({n})" for name, n in invariants.most_common())
-        print(f"| {fault} | {len(caught)}/{len(mine)} | {median} | {worst} | {span} | {names} |")
+        lines.append(f"| {fault} | {len(caught)}/{len(mine)} | {median} | {worst} | {span} | {names} |")
         if missed:
-            print(f"|   missed from seeds {missed} | | | | | |")
+            lines.append(f"|   missed from seeds {missed} | | | | | |")
     every = [o[3] for o in outcomes if o[2]]
     if every:
-        print(f"\nall catches: time-to-report median {statistics.median(every):.1f}s, max {max(every):.1f}s")
-    print(f"weakest catch rate: {weakest}/{len(seeds)}")
+        lines += ["", f"All catches: time-to-report median {statistics.median(every):.1f}s, max {max(every):.1f}s."]
+    lines.append(f"Weakest catch rate: {weakest}/{len(seeds)}.")
+    write_markdown(args.write, "\n".join(lines))
     return 0
 
 

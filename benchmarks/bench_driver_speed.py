@@ -15,32 +15,15 @@ on the machine and its load.  Run from the repository root.
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import json
-import multiprocessing
-import platform
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from measurement import checked_out, commit, provenance, run_in_tree, write_markdown
 
 MEASURE = """
-import importlib.util, json, sys, time
-from pathlib import Path
-sys.path.insert(0, {tree!r})
-import kvcheck
-# The folders the package maps into kvcheck, taken from this tree (not from wherever kvcheck is installed from).
-for folder in ("models", "stateful_tests"):
-    path = Path({tree!r}) / folder
-    if path.is_dir():
-        spec = importlib.util.spec_from_file_location(
-            f"kvcheck.{{folder}}", path / "__init__.py", submodule_search_locations=[str(path)]
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[f"kvcheck.{{folder}}"] = module
-        spec.loader.exec_module(module)
+import json, time
 from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 from kvcheck import lockstep
@@ -56,27 +39,19 @@ def counting(self, op):
 lockstep.Lockstep.step = counting
 
 machine = seed(0)(manager_machine(load_target("kvcore"), None))
-search = settings(max_examples={examples}, stateful_step_count=40, derandomize=False, database=None,
+search = settings(max_examples=EXAMPLES, stateful_step_count=40, derandomize=False, database=None,
                   deadline=None, suppress_health_check=list(HealthCheck))
 start = time.perf_counter()
 run_state_machine_as_test(machine, settings=search)
 machine_rate = steps[0] / (time.perf_counter() - start)
-report = swarm(load_target("kvcore"), seed=0, max_runs={examples}, steps_per_run=40)
-print(json.dumps({{"machine": machine_rate, "swarm": report.steps / report.seconds}}))
+report = swarm(load_target("kvcore"), seed=0, max_runs=EXAMPLES, steps_per_run=40)
+print(json.dumps({"machine": machine_rate, "swarm": report.steps / report.seconds}))
 """
 
 
 def measure(tree: Path, examples: int) -> dict[str, float]:
-    script = MEASURE.format(tree=str(tree), examples=examples)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tree, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"measuring {tree} failed:\n{done.stderr}")
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(run_in_tree(tree, f"EXAMPLES = {examples}\n" + MEASURE))
     return result
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def main() -> int:
@@ -87,30 +62,22 @@ def main() -> int:
     parser.add_argument("--write", type=Path, default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
 
-    head = git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if git("status", "--porcelain") else "")
-    with tempfile.TemporaryDirectory() as scratch:
-        trees = {f"checkout ({head})": ROOT}
-        if args.rev is not None:
-            worktree = Path(scratch) / "rev"
-            git("worktree", "add", "--detach", str(worktree), args.rev)
-            trees = {f"{args.rev}": worktree, **trees}
-        try:
-            best: dict[str, dict[str, float]] = {name: {"machine": 0.0, "swarm": 0.0} for name in trees}
-            for _ in range(args.repeats):
-                for name, tree in trees.items():
-                    for driver, rate in measure(tree, args.examples).items():
-                        best[name][driver] = max(best[name][driver], rate)
-        finally:
-            if args.rev is not None:
-                git("worktree", "remove", "--force", str(worktree))
+    with contextlib.ExitStack() as stack:
+        trees = {args.rev: stack.enter_context(checked_out(args.rev))} if args.rev is not None else {}
+        trees[f"this checkout ({commit()})"] = Path(__file__).resolve().parents[1]
+        best: dict[str, dict[str, float]] = {name: {"machine": 0.0, "swarm": 0.0} for name in trees}
+        for _ in range(args.repeats):
+            for name, tree in trees.items():
+                for driver, rate in measure(tree, args.examples).items():
+                    best[name][driver] = max(best[name][driver], rate)
 
     first = next(iter(best.values()))
     lines = [
         "# Driver speed",
         "",
-        f"Written by `{' '.join(['python benchmarks/bench_driver_speed.py', *sys.argv[1:]])}` on "
-        f"{datetime.date.today()}, {platform.machine()} with {multiprocessing.cpu_count()} cores: kvcore, checks on, "
-        f"{args.examples} manager-machine examples and swarm runs of up to 40 steps, best of {args.repeats}.",
+        provenance("bench_driver_speed.py"),
+        f"kvcore, checks on, {args.examples} manager-machine examples and swarm runs of up to 40 steps, "
+        f"best of {args.repeats}, the trees taking turns.",
         "",
         "| tree | manager machine steps/s | ratio | swarm steps/s | ratio |",
         "|---|---:|---:|---:|---:|",
@@ -120,11 +87,7 @@ def main() -> int:
             f"| {name} | {rates['machine']:,.0f} | {rates['machine'] / first['machine']:.2f} "
             f"| {rates['swarm']:,.0f} | {rates['swarm'] / first['swarm']:.2f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text)
+    write_markdown(args.write, "\n".join(lines))
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import attrs
+from measurement import provenance, write_markdown
 
 from kvcheck.explore import explore
 from kvcheck.faults import FAULTS
@@ -42,6 +43,7 @@ def main() -> int:
     parser.add_argument("--faults", default=None, help="comma-separated subset of faults")
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit per fault")
+    parser.add_argument("--write", default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
     if args.target == "vllm":
         from kvcheck.vllm_faults import VLLM_FAULTS
@@ -51,9 +53,15 @@ def main() -> int:
         catalogue = list(FAULTS)
     names = args.faults.split(",") if args.faults else catalogue
     base = attrs.evolve(SCOPES["standard"], depth=args.depth)
-    print(f"target {args.target}, scope standard up to depth {args.depth}, {args.seconds:.0f} s per fault at most")
-    print("| fault | features | shortest | invariant | states explored | distinct | seconds |")
-    print("|---|---|---|---|---|---|---|")
+    lines = [
+        "# The exhaustive explorer against the fault catalogue",
+        "",
+        provenance("bench_explorer.py"),
+        f"Target {args.target}, scope standard up to depth {args.depth}, {args.seconds:.0f} s per fault at most.",
+        "",
+        "| fault | features | shortest | invariant | states explored | distinct | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name in names:
         feature = FAULT_FEATURES.get(name, "plain")
         scope = attrs.evolve(base, features=(feature,))
@@ -65,11 +73,13 @@ def main() -> int:
             invariant = (
                 f"(exhausted to depth {args.depth})" if report.exhausted else f"(stopped at depth {len(report.depths)})"
             )
-        print(
+        row = (
             f"| {name} | {feature} | {shortest} | {invariant} | {report.explored:,} | {report.distinct:,} "
-            f"| {report.seconds:.1f} |",
-            flush=True,
+            f"| {report.seconds:.1f} |"
         )
+        print(row, file=sys.stderr, flush=True)
+        lines.append(row)
+    write_markdown(args.write, "\n".join(lines))
     return 0
 
 

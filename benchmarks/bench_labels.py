@@ -20,12 +20,9 @@ run, or not at all under some seed.  Run from the repository root.
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -34,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypothesis import settings
+from measurement import provenance, write_markdown
 
 from kvcheck.coverage import GROUP_LAYOUTS, LABELS_SEEN, reachable_labels
 from kvcheck.profiles import PROFILES, pin_generation_constants
@@ -99,9 +97,8 @@ def main() -> int:
     lines = [
         "# Coverage labels at the ci budget",
         "",
-        f"Written by `{' '.join(['python benchmarks/bench_labels.py', *sys.argv[1:]])}`",
-        f"on {datetime.date.today()}, commit {commit()}, {platform.machine()} with "
-        f"{multiprocessing.cpu_count()} cores, in {elapsed:.0f} s.",
+        provenance("bench_labels.py"),
+        f"It took {elapsed:.0f} s.",
         f"Seeds: {', '.join(map(str, seeds)) or 'none'}.",
         "",
     ]
@@ -122,23 +119,10 @@ def main() -> int:
             if missing:
                 failures.append(f"{layout_name(layout)}: {label!r} missed under {missing} of {len(seeds)} seeds")
         lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text)
+    write_markdown(args.write, "\n".join(lines))
     for failure in failures:
         print("SHORT:", failure)
     return 1 if failures else 0
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return out.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attrs
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from measurement import recorded_output
 
 from kvcheck import lockstep
 from kvcheck import swarm as swarm_module
@@ -82,7 +83,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--write", default=None, help="also write the report as Markdown to this file")
     args = parser.parse_args()
+    with recorded_output(args.write, "Machine and swarm speed, and what each check costs", "bench_machines.py"):
+        measure_all(args)
+
+
+def measure_all(args: argparse.Namespace) -> None:
     counter = count_steps()
     best: dict[tuple[bool, bool], float] = {}
     for _ in range(args.repeats):
