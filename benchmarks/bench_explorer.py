@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=300.0, help="time limit per fault")
     args = parser.parse_args()
     if args.target == "vllm":
-        from kvcheck.vllm_faults import VLLM_FAULTS
+        from kvcheck.faults import VLLM_FAULTS
 
         catalogue = list(VLLM_FAULTS)
     else:
