@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import settings
 from measurement import provenance, write_markdown
 
-from kvcheck.faults import FAULTS
+from kvcheck.faults import FAULTS, VLLM_FAULTS
 from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.replay import resolve_target
 from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
@@ -78,8 +78,6 @@ def main() -> int:
     if args.faults:
         faults = args.faults.split(",")
     elif args.target == "vllm":
-        from kvcheck.vllm_faults import VLLM_FAULTS
-
         faults = list(VLLM_FAULTS)
     else:
         faults = list(FAULTS)

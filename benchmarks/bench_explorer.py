@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--write", default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
     if args.target == "vllm":
-        from kvcheck.vllm_faults import VLLM_FAULTS
+        from kvcheck.faults import VLLM_FAULTS
 
         catalogue = list(VLLM_FAULTS)
     else:

@@ -249,7 +249,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 
 def cmd_kill_matrix(args: argparse.Namespace) -> int:
-    from kvcheck.faults import FAULTS
+    from kvcheck.faults import FAULTS, VLLM_FAULTS
     from kvcheck.kill_matrix import KillBudget, format_table, kill_matrix
 
     refusal = _out_of_range(
@@ -262,7 +262,6 @@ def cmd_kill_matrix(args: argparse.Namespace) -> int:
     catalogue = FAULTS
     if args.target == "vllm":
         from kvcheck.targets import load_target
-        from kvcheck.vllm_faults import VLLM_FAULTS
 
         try:
             load_target("vllm")

@@ -880,7 +880,7 @@ def _wrap(text: str, width: int = 100, indent: str = "") -> list[str]:
 
 
 def _docstring(trace: Trace, facts: FileFacts, verdict: InvariantViolation | None) -> str:
-    from kvcheck.vllm_faults import VLLM_FAULTS
+    from kvcheck.faults import VLLM_FAULTS
 
     config = trace.config
     lines = [f"kvcheck trace {facts.trace_name}, replayed on vLLM's KVCacheManager.", ""]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from kvcheck.faults import FAULTS, Fault
+from kvcheck.faults import FAULTS, VLLM_FAULTS, Fault, vllm_target_with
 from kvcheck.shrink import shrink
 from kvcheck.swarm import Failure, swarm
 from kvcheck.targets import TargetFactory
@@ -101,8 +101,6 @@ def kill_matrix(
     """Kill every named fault; ``target`` is 'kvcore' (every fault) or 'vllm' (the faults expressed against it)."""
     catalogue = FAULTS
     if target == "vllm":
-        from kvcheck.vllm_faults import VLLM_FAULTS, vllm_target_with
-
         catalogue = VLLM_FAULTS
     results = []
     for name in faults or catalogue:

@@ -16,7 +16,7 @@ def resolve_target(target: str = "kvcore", fault: str | None = None) -> TargetFa
     if fault is None:
         return load_target(target)
     if target == "vllm":
-        from kvcheck.vllm_faults import vllm_target_with
+        from kvcheck.faults import vllm_target_with
 
         load_target("vllm")  # says clearly when vLLM is missing or another release
         return vllm_target_with(fault)  # type: ignore[no-any-return]

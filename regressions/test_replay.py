@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from kvcheck.corpus import Corpus
+from kvcheck.faults import VLLM_FAULTS
 from kvcheck.replay import replay, resolve_target
 from kvcheck.targets import TargetFactory, component_allocators
 from kvcheck.trace import Trace, load_trace
-from kvcheck.vllm_faults import VLLM_FAULTS
 
 CORPUS = Corpus(Path(__file__).with_name("traces"))
 TRACE_PATHS = CORPUS.paths()

@@ -312,7 +312,7 @@ class VllmTarget(SchedulerDrivenTarget):
         super().__init__(config)
         self.manager = manager_for(config)
         if plant is not None:
-            plant(self.manager)  # a fault from kvcheck.vllm_faults, patched onto this instance only
+            plant(self.manager)  # a fault from kvcheck.faults, patched onto this instance only
         self.pool = self.manager.block_pool
 
     def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:

@@ -3,7 +3,7 @@
 For the tests of ``kvcheck export``: an exported file runs in a pytest subprocess on the installed vLLM,
 whose files are never edited.  Load it with ``-p export_fault_plugin`` (its folder on ``PYTHONPATH``).
 
-- ``KVCHECK_EXPORT_FAULT=NAME`` plants ``kvcheck.vllm_faults.VLLM_FAULTS[NAME]`` into every manager;
+- ``KVCHECK_EXPORT_FAULT=NAME`` plants ``kvcheck.faults.VLLM_FAULTS[NAME]`` into every manager;
 - ``KVCHECK_EXPORT_FAULTS=FILE=NAME,FILE=NAME`` plants, per test file (named by its file name), that
   file's fault (files not named get ``KVCHECK_EXPORT_FAULT``'s, if any), so that one pytest run
   checks many exports, each under its own fault.
@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     _faults_by_file = parse_faults_by_file(os.environ.get(FAULTS_BY_FILE_VARIABLE, ""))
     if _current_fault is None and not _faults_by_file:
         return
-    from kvcheck.vllm_faults import VLLM_FAULTS
+    from kvcheck.faults import VLLM_FAULTS
 
     named = {*_faults_by_file.values(), *([_default_fault] if _default_fault else [])}
     unknown = sorted(named - VLLM_FAULTS.keys())

@@ -34,9 +34,9 @@ vllm = pytest.importorskip(
 from kvcheck import export as export_module  # noqa: E402
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
 from kvcheck.export import ExportError, default_output_name, export_trace  # noqa: E402
+from kvcheck.faults import VLLM_FAULTS  # noqa: E402
 from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm  # noqa: E402
 from kvcheck.trace import Trace, load_trace, parse_trace  # noqa: E402
-from kvcheck.vllm_faults import VLLM_FAULTS  # noqa: E402
 from kvmodel.invariants import ALL_INVARIANTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,11 +17,11 @@ pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
+from kvcheck.faults import VLLM_FAULTS
 from kvcheck.stateful_tests.block_pool_machine import block_pool_machine
 from kvcheck.targets import load_pool, load_queue
 from kvcheck.targets.vllm_pool import VllmPool
 from kvcheck.targets.vllm_queue import VllmQueue
-from kvcheck.vllm_faults import VLLM_FAULTS
 
 SEARCH = settings(
     derandomize=True, database=None, max_examples=200, deadline=None, suppress_health_check=list(HealthCheck)
