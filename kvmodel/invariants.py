@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import attrs
 
-from kvmodel.config import FULL_HIT_KINDS, UNCACHED_KINDS, TargetConfig
-from kvmodel.manager_model import ceil_div
+from kvmodel.config import TargetConfig
+from kvmodel.kinds import Kind
+from kvmodel.kinds.base import ceil_div
 from kvmodel.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
 from kvmodel.ops import Finish, Operation, Schedule, StartAsyncLoad, StepResult, describe_op
 
@@ -91,7 +92,7 @@ def no_duplicate_block_ids(check: StepCheck) -> None:
     checkpoint_groups = {
         group_id
         for group_id, group in enumerate(check.config.groups)
-        if group.kind == "mamba_align" and group.prefill_checkpoint_alignment is not None
+        if group.rules.aligned_states and group.prefill_checkpoint_alignment is not None
     }
     group_of: dict[int, int] = {}
     position_of: dict[int, tuple[int, str]] = {}
@@ -176,7 +177,8 @@ def has_partial_keys(config: TargetConfig, group_id: int) -> bool:
     beside a window hashed finer, vLLM 0.33.0 still keys the prompt's last hash boundary)."""
     if config.group_block_size(group_id) == config.hash_size:
         return False
-    return config.groups[group_id].kind in (*FULL_HIT_KINDS, "mamba_align")
+    rules = config.groups[group_id].rules
+    return rules.full_hit or rules.aligned_states
 
 
 def cache_map_consistent(check: StepCheck) -> None:
@@ -321,11 +323,11 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
     request_id: str = getattr(check.op, "request_id", "")  # an admitted step names its request
     tables = check.sut.tables.get(request_id, tuple(() for _ in check.config.groups))
     for group_id, table in enumerate(tables):
-        if check.config.groups[group_id].kind in UNCACHED_KINDS:
+        if not check.config.groups[group_id].rules.in_prefix_cache:
             continue  # sized by ring_holds_one_block and cross_attention_holds_encoder_blocks
         block_size = check.config.group_block_size(group_id)
         positions = num_slots
-        if check.config.groups[group_id].kind == "mamba_align":
+        if check.config.groups[group_id].rules.aligned_states:
             positions -= check.config.num_lookahead_tokens
         if len(table) * block_size < positions:
             _fail(
@@ -338,9 +340,9 @@ def scheduled_slots_have_blocks(check: StepCheck) -> None:
             )
 
 
-def _tables_of_kind(check: StepCheck, kind: str) -> list[tuple[str, int, tuple[int, ...]]]:
-    """(request, group, table) of every request holding blocks, for each group of ``kind``."""
-    group_ids = [g for g, group in enumerate(check.config.groups) if group.kind == kind]
+def _tables_of_kind(check: StepCheck, trait: Callable[[Kind], bool]) -> list[tuple[str, int, tuple[int, ...]]]:
+    """(request, group, table) of every request holding blocks, for each group of a kind with ``trait``."""
+    group_ids = [g for g, group in enumerate(check.config.groups) if trait(group.rules)]
     if not group_ids:
         return []
     return [(rid, g, tables[g]) for rid, tables in sorted(check.sut.tables.items()) for g in group_ids]
@@ -373,7 +375,7 @@ def ring_holds_one_block(check: StepCheck) -> None:
     tokens); a second ring block claimed on a later step; a ring block
     entered in the prefix cache (the target's own state, checked without
     the model)."""
-    for rid, group_id, table in _tables_of_kind(check, "ring"):
+    for rid, group_id, table in _tables_of_kind(check, lambda kind: kind.scratch_block):
         _uncached_table(check, "ring_holds_one_block", rid, group_id, table, 1)
 
 
@@ -384,7 +386,7 @@ def cross_attention_holds_encoder_blocks(check: StepCheck) -> None:
     Guards: cross-attention sized by the decoder's tokens; encoder blocks
     allocated again on a later step or lost on preemption (the target's own
     state, checked without the model)."""
-    for rid, group_id, table in _tables_of_kind(check, "cross_attention"):
+    for rid, group_id, table in _tables_of_kind(check, lambda kind: kind.encoder_blocks):
         size = ceil_div(check.config.num_encoder_tokens, check.config.group_block_size(group_id))
         _uncached_table(check, "cross_attention_holds_encoder_blocks", rid, group_id, table, size)
 
@@ -396,7 +398,7 @@ def rswa_keeps_the_prompt(check: StepCheck) -> None:
     Guards: a gap that starts inside the prompt's last (partial) block; a
     gap freed again after new blocks were added past it (the target's own
     state, with its requests' prompt lengths, checked without the model)."""
-    for rid, group_id, table in _tables_of_kind(check, "rswa"):
+    for rid, group_id, table in _tables_of_kind(check, lambda kind: kind.keeps_prompt):
         block_size = check.config.group_block_size(group_id)
         prompt_blocks = ceil_div(check.sut.prompt_lengths.get(rid, 0), block_size)
         nulls = [p for p, b in enumerate(table) if b == 0]
@@ -427,7 +429,7 @@ def mamba_keeps_a_state_tail(check: StepCheck) -> None:
     ahead of the slots; a state block freed inside the table; a state
     block entered in the prefix cache (the target's own state, checked
     without the model)."""
-    for rid, group_id, table in _tables_of_kind(check, "mamba"):
+    for rid, group_id, table in _tables_of_kind(check, lambda kind: kind.holds_state and not kind.aligned_states):
         spec = check.config.groups[group_id].speculative_blocks
         first_live = next((p for p, b in enumerate(table) if b != 0), len(table))
         if 0 in table[first_live:] or len(table) - first_live < 1 + spec:
@@ -466,7 +468,7 @@ def mamba_align_keeps_few_states(check: StepCheck) -> None:
     model runner would save in the null block (the target's own state,
     checked without the model)."""
     in_flight = 1 if check.config.async_scheduling else 0
-    for rid, group_id, table in _tables_of_kind(check, "mamba_align"):
+    for rid, group_id, table in _tables_of_kind(check, lambda kind: kind.aligned_states):
         if not table:
             continue
         group = check.config.groups[group_id]
@@ -822,7 +824,7 @@ def _state_offloads_on_the_target(check: StepCheck) -> None:
     lookahead = config.num_hash_lookahead_tokens
     for request_id, group_id, block_id, num_tokens in offloads:
         offer = f"request {request_id}'s state after {num_tokens} tokens in group {group_id}, block {block_id}"
-        if not 0 <= group_id < len(config.groups) or config.groups[group_id].kind != "mamba_align":
+        if not 0 <= group_id < len(config.groups) or not config.groups[group_id].rules.aligned_states:
             _fail(check, "state_offloads_well_formed", f"{offer} is offered from a group that is not align-mode Mamba")
         if not block_id or num_tokens <= 0 or num_tokens % config.hash_size:
             _fail(
@@ -906,7 +908,7 @@ def _zeroed_blocks_fresh_on_the_target(check: StepCheck) -> None:
         end = (result.hit_length or 0) + result.num_external_tokens
         for group_id in sorted(zeroed_groups):
             group = config.groups[group_id]
-            if group.kind == "cross_attention":
+            if group.rules.encoder_blocks:
                 continue  # its blocks hold the encoder's tokens, not loaded ones
             # A load writes the tokens past the hit that the group still reads.
             start = max(result.hit_length or 0, group.first_attended_token(end))

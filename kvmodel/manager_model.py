@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from kvmodel.config import FULL_HIT_KINDS, SLIDING_KINDS, UNCACHED_KINDS, GroupSpec, TargetConfig
+from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.observation import CacheEvent, CacheKey, Observation, StoredEvent, block_keys
 from kvmodel.ops import (
     AddRequest,
@@ -46,27 +46,11 @@ def skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
 
 
 def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> range:
-    """Block positions a hit of ``hit_blocks`` blocks must find cached in ``group``.
-
-    Full attention (and R-SWA) needs every block before the boundary; a
-    sliding window only the blocks covering the last ``window - 1`` tokens
-    before it; chunked local attention the blocks of the boundary's own chunk
-    before it; an align-mode Mamba group the one state block ending on it; a
-    group outside the prefix cache none.
-    """
-    if group.kind in UNCACHED_KINDS:
+    """Block positions a hit of ``hit_blocks`` blocks must find cached in ``group``: what its kind's
+    rules say, and none for a group outside the prefix cache."""
+    if not group.rules.in_prefix_cache:
         return range(0)
-    if group.kind == "mamba_align":
-        return range(hit_blocks - 1, hit_blocks) if hit_blocks else range(0)
-    if group.kind in SLIDING_KINDS:
-        assert group.window is not None
-        return range(max(0, hit_blocks - ceil_div(group.window - 1, block_size)), hit_blocks)
-    if group.kind == "chunked_local":
-        assert group.window is not None
-        hit_tokens = hit_blocks * block_size
-        chunk_start = (hit_tokens // group.window) * group.window
-        return range(chunk_start // block_size, hit_blocks)
-    return range(hit_blocks)
+    return group.rules.needed_positions(group, hit_blocks, block_size)
 
 
 @attrs.define(eq=False)
@@ -121,9 +105,9 @@ class ManagerModel:
         # The groups in the prefix cache by spec (looked up together), full attention's first, then in group order.
         spec_groups: dict[GroupSpec, list[int]] = {}
         for group_id, group in enumerate(self.specs):
-            if group.kind not in UNCACHED_KINDS:
+            if group.rules.in_prefix_cache:
                 spec_groups.setdefault(group, []).append(group_id)
-        self.lookup_order = sorted(spec_groups.items(), key=lambda item: item[0].kind not in FULL_HIT_KINDS)
+        self.lookup_order = sorted(spec_groups.items(), key=lambda item: not item[0].rules.full_hit)
         # A sliding window caches only the blocks a hit needs: the window's (and an EAGLE peek's, which
         # shifts them a block up) before a boundary a hit can end on.  Those are every scheduler block
         # boundary, or with a retention interval every interval's end (none for 0), and then also the
@@ -133,7 +117,7 @@ class ManagerModel:
         periodic = self.alignment if self.retention is None else (self.retention or None)
         self.sparse_windows: dict[int, tuple[int | None, int, int]] = {}
         for group_id, group in enumerate(config.groups):
-            if group.kind in SLIDING_KINDS:
+            if group.rules.sliding:
                 assert group.window is not None
                 block_size = self.block_sizes[group_id]
                 shift = int(group_id in self.dropping_group_ids)
@@ -191,8 +175,6 @@ class ManagerModel:
         self.to_zero: dict[int, list[int]] = {}
         """Per group, the blocks the current operation took that the worker zeroes, in the order taken."""
 
-    # -- reading --------------------------------------------------------------
-
     def table(self, request_id: str, group_id: int) -> list[int]:
         return self.pool.holders.setdefault((request_id, group_id), [])
 
@@ -218,7 +200,7 @@ class ManagerModel:
         """A hit's blocks cut back to its first ``num_tokens`` tokens, a boundary of every group's blocks
         (``truncate_computed_blocks``): a Mamba group keeps what it has up to there."""
         return tuple(
-            () if group.kind in UNCACHED_KINDS else hit[: num_tokens // self.block_sizes[group_id]]
+            () if not group.rules.in_prefix_cache else hit[: num_tokens // self.block_sizes[group_id]]
             for group_id, (group, hit) in enumerate(zip(self.groups, hit_ids, strict=True))
         )
 
@@ -232,7 +214,7 @@ class ManagerModel:
         (``shared_prefix_boundary``)."""
         request = self.requests[request_id]
         request.shared_prefix_boundary = 0
-        if all(group.kind in UNCACHED_KINDS for group in self.groups):
+        if all(not group.rules.in_prefix_cache for group in self.groups):
             return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
         if self.partial_hits:
             return self._sub_block_hit(request_id)
@@ -280,15 +262,15 @@ class ManagerModel:
 
         def lookup(spec: GroupSpec, group_ids: list[int], current: int) -> int:
             dropping = spec in self.dropping_specs and spec not in verified
-            drop = dropping and spec.kind != "mamba_align"
+            drop = dropping and not spec.rules.aligned_states
             limit = min(current + hash_size, hashed) if drop else current
-            if spec.kind in FULL_HIT_KINDS:
+            if spec.rules.full_hit:
                 found = self._full_sub_block_hit(request_id, group_ids, limit, inner)
                 found = max(0, found - hash_size) if drop else found
             elif drop:
                 found = self._longest_accepted(request_id, group_ids, limit, peek=True)
             else:
-                step = hash_size if spec.kind == "mamba_align" else self.block_sizes[group_ids[0]]
+                step = hash_size if spec.rules.aligned_states else self.block_sizes[group_ids[0]]
                 found = next(
                     (
                         t
@@ -308,13 +290,13 @@ class ManagerModel:
         found_ids: list[tuple[int, ...]] = []
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
-            if group.kind in UNCACHED_KINDS or hit_tokens == 0:
+            if not group.rules.in_prefix_cache or hit_tokens == 0:
                 found_ids.append(())
-            elif group.kind == "mamba_align":
+            elif group.rules.aligned_states:
                 state = self.pool.lookup((group_id, self.prefix_to(request_id, hit_tokens)))
                 assert state is not None
                 found_ids.append((NULL,) * (ceil_div(hit_tokens, block_size) - 1) + (state,))
-            elif group.kind in FULL_HIT_KINDS:
+            elif group.rules.full_hit:
                 blocks = [
                     inner[group_id][1]
                     if inner.get(group_id, (-1,))[0] == p
@@ -360,7 +342,7 @@ class ManagerModel:
         """Group ``group_id`` (not full attention) has what a hit of ``num_tokens`` tokens needs: an
         align-mode Mamba group the state at that hash boundary; another its blocks before that block
         boundary."""
-        if self.groups[group_id].kind == "mamba_align":
+        if self.groups[group_id].rules.aligned_states:
             return self.pool.lookup((group_id, self.prefix_to(request_id, num_tokens))) is not None
         return self.accepts(request_id, group_id, num_tokens // self.block_sizes[group_id])
 
@@ -425,7 +407,7 @@ class ManagerModel:
         """
         num_tokens = len(self.requests[request_id].tokens)
         if len(self.groups) == 1:
-            peek = self.groups[0].kind != "mamba_align"
+            peek = not self.groups[0].rules.aligned_states
             return self._longest_accepted(request_id, [0], num_tokens - 1, peek=peek), 0
         hashed = self.num_hashed_tokens(request_id)
         verified: set[GroupSpec] = set()
@@ -435,7 +417,7 @@ class ManagerModel:
             assert spec.block_size is not None
             # A Mamba group's lookup looks no further and drops nothing (a drafter has no Mamba layers),
             # though it counts as having dropped.
-            peek = drop and spec.kind != "mamba_align"
+            peek = drop and not spec.rules.aligned_states
             limit = min(current + spec.block_size, hashed) if peek else current
             found = self._longest_accepted(request_id, group_ids, limit, peek=peek)
             if drop:
@@ -454,7 +436,7 @@ class ManagerModel:
         lowers it (one pass for full attention and one other spec).  Full attention is looked up once
         and only trims after.  The hit, and the longest hit a single lookup found."""
         order = self.lookup_order
-        one_pass = len(order) == 2 and order[0][0].kind in FULL_HIT_KINDS
+        one_pass = len(order) == 2 and order[0][0].rules.full_hit
         full_hits: dict[GroupSpec, int] = {}
         longest = 0
         while True:
@@ -465,7 +447,7 @@ class ManagerModel:
                     continue
                 current = lookup(spec, group_ids, current)
                 longest = max(longest, current)
-                if spec.kind in FULL_HIT_KINDS:
+                if spec.rules.full_hit:
                     full_hits[spec] = current
             if current >= candidate or one_pass:
                 return min(current, candidate), longest
@@ -485,7 +467,7 @@ class ManagerModel:
         group = self.groups[group_ids[0]]
         for hit in range(top * align, 0, -align):
             if all(self.accepts(request_id, g, hit // block_size, peek) for g in group_ids):
-                if peek and group.kind in SLIDING_KINDS and block_size < align:
+                if peek and group.rules.sliding and block_size < align:
                     assert group.window is not None
                     if hit // block_size < ceil_div(group.window - 1, block_size):
                         return hit - align
@@ -517,8 +499,6 @@ class ManagerModel:
                 rid: request.max_draft_tokens for rid, request in self.requests.items() if request.max_draft_tokens
             },
         )
-
-    # -- operations -----------------------------------------------------------
 
     def apply(self, op: Operation) -> StepResult:
         result = self._apply(op)
@@ -714,7 +694,7 @@ class ManagerModel:
         # external tokens.
         if waiting and (any(hit_ids) or external > 0):
             for group_id, group in enumerate(self.groups):
-                if group.kind in UNCACHED_KINDS:
+                if not group.rules.in_prefix_cache:
                     continue
                 num_skipped = skipped_tokens(group, total_computed) // self.block_sizes[group_id]
                 kept_hits = list(hit_ids[group_id][num_skipped:])
@@ -730,13 +710,13 @@ class ManagerModel:
                     self.num_cached[(rid, group_id)] = position
             for group_id, group in enumerate(self.groups):
                 if external > 0 and (
-                    group.kind == "ring"
-                    or (group.kind != "cross_attention" and total_computed - skipped_tokens(group, total_computed) > 0)
+                    group.rules.scratch_block
+                    or (not group.rules.encoder_blocks and total_computed - skipped_tokens(group, total_computed) > 0)
                 ):
                     zero = not (load_lands_later and group_id in self.config.async_loaded_group_ids)
                     self._grow(rid, group_id, total_computed, loaded=True, zero=zero)
         return tuple(
-            tuple(self._grow(rid, group_id, main if group.kind == "mamba_align" else slots))
+            tuple(self._grow(rid, group_id, main if group.rules.aligned_states else slots))
             for group_id, group in enumerate(self.groups)
         )
 
@@ -762,7 +742,7 @@ class ManagerModel:
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
             copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed - external, block_size)
-            if group.kind == "mamba_align":
+            if group.rules.aligned_states:
                 hit = hit_ids[group_id] if waiting else ()
                 if hit and self.pool.cache.get(hit[-1]) in self.cached_this_step:
                     # The state is computed by this step: the request waits for the next (vLLM asks for
@@ -792,10 +772,10 @@ class ManagerModel:
                         self.checkpoints.pop((rid, group_id), None)
                 taken += min(num_new, most + copies + (checkpoint > 0))
                 continue
-            if group.kind in UNCACHED_KINDS:
+            if not group.rules.in_prefix_cache:
                 taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
                 continue
-            required = group.slot_blocks(num_tokens, block_size)
+            required = self._slot_blocks(rid, group_id, num_tokens)
             limit = self._admission_cap(group, self.config.spec_block_size(group_id)) if cap else None
             if limit is not None:
                 required = min(required, limit)
@@ -847,11 +827,7 @@ class ManagerModel:
         in_flight = self.config.max_in_flight_tokens
         if in_flight is None:
             return None
-        if group.kind not in (*SLIDING_KINDS, "chunked_local") or group.window is None:
-            return None
-        if group.kind in SLIDING_KINDS:
-            return ceil_div(group.window - 1 + in_flight, block_size) + 1
-        return ceil_div(group.window + in_flight, block_size)
+        return group.rules.admission_cap(group, in_flight, block_size)
 
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """The last token and the drafts get slots (plus lookahead); rejected drafts are rolled back
@@ -894,11 +870,8 @@ class ManagerModel:
         Mamba group's speculative blocks past them."""
         group = self.groups[group_id]
         block_size = self.block_sizes[group_id]
-        if group.kind == "ring":
-            return 1
-        if group.kind == "cross_attention":
-            return ceil_div(self.config.num_encoder_tokens, block_size) if self.requests[rid].waiting else 0
-        return group.slot_blocks(num_tokens, block_size)
+        encoder_blocks = ceil_div(self.config.num_encoder_tokens, block_size) if self.requests[rid].waiting else 0
+        return group.rules.slot_blocks(group, num_tokens, block_size, encoder_blocks)
 
     def _grow(self, rid: str, group_id: int, num_tokens: int, loaded: bool = False, zero: bool = True) -> list[int]:
         """Grow the table to give ``num_tokens`` slots; ``loaded``: blocks for tokens an external
@@ -907,10 +880,10 @@ class ManagerModel:
         table = self.table(rid, group_id)
         wanted = (
             ceil_div(num_tokens, self.block_sizes[group_id])
-            if loaded and self.groups[group_id].kind != "ring"
+            if loaded and not self.groups[group_id].rules.scratch_block
             else self._slot_blocks(rid, group_id, num_tokens)
         )
-        if self.groups[group_id].kind == "mamba_align" and not loaded:
+        if self.groups[group_id].rules.aligned_states and not loaded:
             return self._grow_states(rid, group_id, wanted)
         copied = []
         pending = None if loaded else self.copy_pending.pop((rid, group_id), None)
@@ -1002,7 +975,7 @@ class ManagerModel:
         released: list[int] = []
         for position in range(end - 1, released_range.start - 1, -1):
             if table[position] == NULL:
-                if group.kind == "mamba_align":
+                if group.rules.aligned_states:
                     continue  # an align-mode Mamba table has null gaps between states: all are freed
                 break
             released.append(table[position])
@@ -1030,7 +1003,7 @@ class ManagerModel:
 
     def _cache_full_blocks(self, rid: str, num_tokens: int) -> None:
         for group_id, group in enumerate(self.groups):
-            if group.kind in UNCACHED_KINDS:
+            if not group.rules.in_prefix_cache:
                 continue
             cacheable = self._cacheable_tokens(group_id, num_tokens)
             # Never a block without a hash.
@@ -1043,13 +1016,13 @@ class ManagerModel:
             self.num_cached[(rid, group_id)] = max(start, num_full)
             if self.events is not None and start < num_full:
                 self.events.append(self._stored_event(rid, group_id, start, num_full, positions))
-            if group.kind in FULL_HIT_KINDS and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
+            if group.rules.full_hit and len(self.groups) > 1 and self.block_sizes[group_id] != self.hash_size:
                 self._cache_partial_tail(rid, group_id, cacheable)
-            if group.kind == "mamba_align" and (rid, group_id) in self.checkpoints:
+            if group.rules.aligned_states and (rid, group_id) in self.checkpoints:
                 self._cache_checkpoint(rid, group_id)
-            elif group.kind == "mamba_align":
+            elif group.rules.aligned_states:
                 self._recache_prompt_state(rid, group_id, cacheable)
-            if group.kind == "mamba_align":
+            if group.rules.aligned_states:
                 # The states cached now, under the keys they hold after the checkpoint's re-keying, each
                 # offered a connector under the tokens its key covers.
                 lookahead = self.config.num_hash_lookahead_tokens
@@ -1063,7 +1036,7 @@ class ManagerModel:
         """The positions in ``[start, end)`` where group ``group_id`` caches the request's full blocks (see
         :attr:`sparse_windows`): those ``needed`` blocks up to ``shift`` past a boundary a hit can end on.
         An align-mode Mamba group's are its states a hit can resume from (:meth:`_cached_states`)."""
-        if self.groups[group_id].kind == "mamba_align":
+        if self.groups[group_id].rules.aligned_states:
             return self._cached_states(rid, group_id, start, end)
         sparse = self.sparse_windows.get(group_id)
         if sparse is None:

@@ -14,7 +14,7 @@ def test_no_model_module_imports_kvcore_or_kvcheck() -> None:
     """No module under kvmodel/ names kvcore or kvcheck in an import statement: the model is a bottom
     layer beside kvcore, not built on what it checks or on what drives it."""
     offenders = []
-    for path in sorted(MODELS.glob("*.py")):
+    for path in sorted(MODELS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -22,7 +22,9 @@ def test_no_model_module_imports_kvcore_or_kvcheck() -> None:
                 names = [node.module or ""]
             else:
                 continue
-            offenders += [f"{path.name}: {name}" for name in names if name.split(".")[0] in ("kvcore", "kvcheck")]
+            offenders += [
+                f"{path.relative_to(MODELS)}: {name}" for name in names if name.split(".")[0] in ("kvcore", "kvcheck")
+            ]
     assert not offenders, f"kvmodel/ imports kvcore or kvcheck: {offenders}"
 
 
