@@ -10,7 +10,8 @@ import attrs
 from kvmodel.manager.allocation import Allocation
 from kvmodel.manager.caching import PrefixCaching
 from kvmodel.manager.lookup import PrefixLookup
-from kvmodel.manager.state import RequestModel, skipped_tokens
+from kvmodel.manager.request import RequestModel
+from kvmodel.manager.state import skipped_tokens
 from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
@@ -154,7 +155,7 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         request.waiting = False
         request.num_computed_tokens = total_computed + amounts.num_new_tokens
         request.state_tokens = request.num_computed_tokens
-        if self.pipeline.scheduled(request, rid, amounts.num_new_tokens, len(request.tokens), op.sampled_token, ()):
+        if self.pipeline.scheduled(request, amounts.num_new_tokens, op.sampled_token):
             request.tokens.append(op.sampled_token)
             if self.pipeline.caches_sync_output:
                 self._cache_full_blocks(rid, request.num_computed_tokens)
@@ -238,20 +239,18 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         )
 
     def _process_output(self) -> None:
-        def cache(request: RequestModel, num_tokens: int) -> None:
-            if self.config.enable_caching:
-                self._cache_full_blocks(request.request_id, num_tokens)
-
-        def free_popped(key: tuple[str, int]) -> None:
-            self.pool.release(reversed(self.pool.holders.pop(key)))
-
-        self.pipeline.process_next(
-            self.requests.get,
-            lambda rid: self.requests[rid].running,
-            lambda request, token: request.tokens.append(token),
-            cache,
-            free_popped,
-        )
+        """The oldest step's output: the deferred frees it fences are released (last block first), its
+        sampled token appended, and the request's processed blocks cached."""
+        output = self.pipeline.process_oldest(self.requests)
+        if output is None:
+            return
+        for holder in output.frees:
+            self.pool.release(reversed(self.pool.holders.pop(holder)))
+        if output.request is None or output.token is None:
+            return
+        output.request.tokens.append(output.token)
+        if output.cache_up_to is not None and self.config.enable_caching:
+            self._cache_full_blocks(output.request.request_id, output.cache_up_to)
 
     def _preempt(self, rid: str) -> None:
         self._release(rid, finished=False)

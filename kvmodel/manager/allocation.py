@@ -247,7 +247,7 @@ class Allocation(AlignedStates):
                 self._defer_free(popped)
         else:
             self._free(rid)
-        self.pipeline.freed(self.requests[rid], rid, finished)
+        self.pipeline.freed(self.requests[rid], finished)
 
     def _free(self, rid: str) -> None:
         for group_id in range(len(self.groups)):

@@ -9,9 +9,10 @@ import attrs
 
 from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.kinds.base import ceil_div
+from kvmodel.manager.in_flight import StepsInFlight
+from kvmodel.manager.request import RequestModel
 from kvmodel.observation import CacheEvent, CacheKey, Observation, block_keys
 from kvmodel.ops import reusable_boundary
-from kvmodel.pipeline import StepPipeline
 from kvmodel.pool_model import PoolModel
 from kvmodel.semantics import NEWEST, Semantics
 
@@ -27,27 +28,6 @@ def needed_positions(group: GroupSpec, hit_blocks: int, block_size: int) -> rang
     if not group.rules.in_prefix_cache:
         return range(0)
     return group.rules.needed_positions(group, hit_blocks, block_size)
-
-
-@attrs.define(eq=False)
-class RequestModel:
-    request_id: str
-    tokens: list[int]
-    num_prompt_tokens: int
-    num_computed_tokens: int = 0
-    num_in_flight_tokens: int = 0
-    running: bool = False
-    loading: bool = False
-    waiting: bool = True
-    """New or preempted, and not admitted since (vLLM's WAITING and PREEMPTED)."""
-    shared_prefix_boundary: int = 0
-    """Set by each lookup: the end of the longer prefix a group found cached when the hit fell short of
-    it (0 when none did)."""
-    max_draft_tokens: int = 0
-    state_tokens: int | None = None
-    """The tokens the request's last step ran up to, drafts included (``None``: none since it was
-    admitted): an align-mode Mamba group's state is saved in that step's last block."""
-    """The most draft tokens a speculative decode step of the request scheduled (0: it ran none)."""
 
 
 class ManagerState:
@@ -72,7 +52,8 @@ class ManagerState:
         self.num_cached: dict[tuple[str, int], int] = {}
         # The scheduler's calls follow the release's semantics (the newest unless told otherwise).
         self.semantics = Semantics(NEWEST) if semantics is None else semantics
-        self.pipeline = StepPipeline.for_config(config, self.semantics)
+        self.pipeline = StepsInFlight(config, self.semantics)
+        """The steps in flight under async scheduling, their placeholders, stale outputs and deferred frees."""
         # A group drops a block from its hits if it, or a group of the same spec, holds the drafter.
         # Groups of one spec (kind, reach and block size) are looked up together.
         self.specs = tuple(attrs.evolve(group, block_size=size) for group, size in zip(config.groups, self.block_sizes))

@@ -1,4 +1,4 @@
-"""Steps in flight: the async scheduler's bookkeeping, shared by every target and the model.
+"""Steps in flight: the async scheduler's bookkeeping, for the targets the scheduler drives.
 
 Under async scheduling vLLM's scheduler schedules step N+1 before step N's
 output is processed.  A scheduled step advances ``num_computed_tokens`` at
@@ -16,10 +16,11 @@ the allocator and frees them once every step scheduled so far is processed
 (a fence on the step sequence), as vLLM 0.33.0 does for KV-consumer
 connectors.
 
-This is scheduler logic, not allocator logic, so it is written once here
-and driven by both :class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`
-and :class:`~kvmodel.manager_model.ManagerModel`; each supplies the
-allocator-side effects as callbacks.
+This is scheduler logic, not allocator logic: the targets' scheduler
+(:class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`) drives it and
+supplies the allocator-side effects as callbacks.  The model states the same
+behaviour on its own (:mod:`kvmodel.manager.in_flight`), so a bug here is
+seen by the lockstep.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import MAMBA_KINDS, GroupSpec, TargetConfig
 from kvmodel.semantics import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics
 
 GroupPositions = tuple[tuple[int, ...], ...]
@@ -58,12 +59,22 @@ def read_positions(
     included (``None``: it ran none since it was last admitted from waiting): vLLM's model runner
     saved the state in that step's last block and copies it from there, so after rejected drafts
     it lies past the computed tokens."""
-    return tuple(
-        group.rules.step_positions(
-            group, block_size, num_computed_tokens, num_new_tokens, num_prompt_tokens, num_encoder_tokens, state_tokens
-        )
-        for group, block_size in zip(groups, block_sizes, strict=True)
-    )
+    positions: list[tuple[int, ...]] = []
+    for group, block_size in zip(groups, block_sizes, strict=True):
+        end = -(-(num_computed_tokens + num_new_tokens) // block_size)
+        if group.kind == "ring":
+            positions.append((0,))
+        elif group.kind == "cross_attention":
+            positions.append(tuple(range(-(-num_encoder_tokens // block_size))))
+        elif group.kind == "mamba_align":
+            # The state it starts from and the block of its last token; the positions between are null.
+            start_state = -(-(num_computed_tokens if state_tokens is None else state_tokens) // block_size) - 1
+            positions.append(tuple(sorted({p for p in (start_state, end - 1) if p >= 0})))
+        else:
+            gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
+            start = 0 if group.kind == "rswa" else gap.stop
+            positions.append(tuple(p for p in range(start, end) if p not in gap))
+    return tuple(positions)
 
 
 @attrs.define(eq=False)
@@ -95,7 +106,7 @@ def caches_after_sync_output(config: TargetConfig, semantics: Semantics) -> bool
         semantics.has(SYNC_MAMBA_OUTPUT_CACHING)
         and config.enable_caching
         and not config.async_scheduling
-        and any(group.rules.holds_state for group in config.groups)
+        and any(group.kind in MAMBA_KINDS for group in config.groups)
     )
 
 
