@@ -114,7 +114,7 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         hit_length = 0
         hit_ids: GroupIds = tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
-            hit_length, hit_ids = self.find_hit(rid)
+            hit_length, hit_ids, request.shared_prefix_boundary = self.lookup_prefix(rid)
         self.found_hit_tokens = hit_length
         # The probe finds what the lookup finds (no request here bounds its hit below num_tokens - 1).
         probed = hit_length if waiting and self.pipeline.probes_before_lookup else None
@@ -216,7 +216,7 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         hit_length = 0
         hit_ids: GroupIds = tuple(() for _ in range(num_groups))
         if self.config.enable_caching:
-            hit_length, hit_ids = self.find_hit(rid)
+            hit_length, hit_ids, request.shared_prefix_boundary = self.lookup_prefix(rid)
         adopted, external = plan_async_load(op, self.config, len(request.tokens), hit_length)
         if external <= 0:
             return StepResult()

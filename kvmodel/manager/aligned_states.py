@@ -6,11 +6,7 @@ from __future__ import annotations
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.state import ManagerState
 from kvmodel.observation import StoredEvent
-from kvmodel.ops import (
-    StateOffload,
-    flat_state_offloads,
-    prefill_checkpoint_fits,
-)
+from kvmodel.ops import GroupIds, StateOffload, flat_state_offloads, prefill_checkpoint_fits
 from kvmodel.pool_model import NULL
 
 
@@ -34,9 +30,46 @@ class AlignedStates(ManagerState):
         position = ceil_div(end, block_size) - 2
         if not fits:
             return 0
-        table = self.table(rid, group_id)
+        table = self.pool.holders.get((rid, group_id), [])
         taken = (rid, group_id) in self.mamba_allocated and position >= len(table) - group.speculative_blocks
         return tokens if position >= len(table) or table[position] == NULL or taken else 0
+
+    def _checkpoint_held_back(self, rid: str, end: int) -> bool:
+        """Whether a retention interval of 0 holds back the prefill checkpoint of a chunk ending at ``end``:
+        only the chunk ending the prefill keeps one."""
+        request = self.requests[rid]
+        return self.retention == 0 and end < max(request.num_prompt_tokens, len(request.tokens) - 1)
+
+    def _planned_checkpoint(self, rid: str, group_id: int, start: int, end: int) -> int:
+        """The tokens of the prefill checkpoint an allocation for the chunk from ``start`` to ``end`` keeps
+        (:meth:`_checkpoint_tokens`, unless held back), or 0 for none."""
+        checkpoint = self._checkpoint_tokens(rid, group_id, start, end)
+        return 0 if checkpoint and self._checkpoint_held_back(rid, end) else checkpoint
+
+    def _state_cached_this_step(self, hit: tuple[int, ...]) -> bool:
+        """Whether a hit of an align-mode Mamba group ends on a state entered in the current scheduler step
+        (not computed yet: the request waits for the next step)."""
+        return bool(hit) and self.pool.cache.get(hit[-1]) in self.cached_this_step
+
+    def _plan_checkpoints(self, rid: str, waiting: bool, hit_ids: GroupIds, start: int, end: int) -> None:
+        """Record in each align-mode Mamba group the prefill checkpoint the allocation for the chunk from
+        ``start`` to ``end`` writes (and the caching after it), or none; a group whose hit is a state
+        entered in this step keeps what it had (the step is refused).  Counts the hits so deferred
+        (:attr:`hits_deferred`) and the checkpoints held back (:attr:`checkpoints_held_back`)."""
+        for group_id, group in enumerate(self.groups):
+            if not group.rules.aligned_states:
+                continue
+            if self._state_cached_this_step(hit_ids[group_id] if waiting else ()):
+                self.hits_deferred += 1
+                continue
+            checkpoint = self._checkpoint_tokens(rid, group_id, start, end)
+            if checkpoint and self._checkpoint_held_back(rid, end):
+                self.checkpoints_held_back += 1
+                checkpoint = 0
+            if checkpoint:
+                self.checkpoints[(rid, group_id)] = (checkpoint, ceil_div(end, self.block_sizes[group_id]) - 2)
+            else:
+                self.checkpoints.pop((rid, group_id), None)
 
     def _interval_keeps_state(self, group_id: int, position: int) -> bool:
         """Whether the retention interval keeps an align-mode Mamba group's state at table ``position``
@@ -52,20 +85,13 @@ class AlignedStates(ManagerState):
         """The positions in ``[start, end)`` of an align-mode Mamba group's states that are cached: all of
         them with no retention interval; under one, those it keeps (:meth:`_interval_keeps_state`) and
         those ending where a later request can resume (:meth:`_reachable_boundaries`), rounded down to a
-        hit boundary.  Counts the live states left out (:attr:`states_thinned`)."""
+        hit boundary."""
         if self.retention is None:
             return list(range(start, end))
         block_size = self.block_sizes[group_id]
         boundaries = self._reachable_boundaries(self.requests[rid], group_id)
         resumed = {b // self.alignment * self.alignment // block_size for b in boundaries}
-        table = self.table(rid, group_id)
-        kept = []
-        for p in range(start, end):
-            if self._interval_keeps_state(group_id, p) or p + 1 in resumed:
-                kept.append(p)
-            elif table[p] != NULL:
-                self.states_thinned += 1
-        return kept
+        return [p for p in range(start, end) if self._interval_keeps_state(group_id, p) or p + 1 in resumed]
 
     def _cache_checkpoint(self, rid: str, group_id: int) -> None:
         """The block of the request's prefill checkpoint is entered under the key of the tokens its state is

@@ -55,6 +55,7 @@ class Allocation(AlignedStates):
         # Admission: the step fits when the free queue holds every block it
         # takes: new blocks for the tables, plus hit blocks now sitting free.
         taken = self._blocks_needed(rid, waiting, hit_ids, total_computed, external, slots, cap=False, main=main)
+        self._plan_checkpoints(rid, waiting, hit_ids, total_computed, main)
         if taken + watermark > len(self.pool.free_order) - reserved:
             return None
 
@@ -105,17 +106,17 @@ class Allocation(AlignedStates):
         what a request holds at once with ``max_in_flight_tokens`` tokens in flight.  An align-mode
         Mamba group counts one new block when the main model's slots reach past its table (hit
         included), and the shortfall (as a negative count, vLLM 0.33.0 sums it) when its table reaches
-        past them."""
+        past them.  Changes nothing (:meth:`_plan_checkpoints` records the checkpoints it counts)."""
         taken = 0
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
             copies = waiting and self._hit_ends_inside_block(hit_ids[group_id], total_computed - external, block_size)
+            table = self.pool.holders.get((rid, group_id), [])
             if group.rules.aligned_states:
                 hit = hit_ids[group_id] if waiting else ()
-                if hit and self.pool.cache.get(hit[-1]) in self.cached_this_step:
+                if self._state_cached_this_step(hit):
                     # The state is computed by this step: the request waits for the next (vLLM asks for
                     # more blocks than the pool has).
-                    self.hits_deferred += not cap
                     taken += self.config.num_blocks + 1
                     continue
                 taken += sum(1 for b in hit if b in self.pool.free_order)
@@ -123,31 +124,20 @@ class Allocation(AlignedStates):
                 wanted = self._slot_blocks(rid, group_id, end)
                 most = 1 if (rid, group_id) in self.mamba_allocated else 1 + group.speculative_blocks
                 copies = copies or (rid, group_id) in self.copy_pending
-                num_new = wanted - len(hit) - len(self.table(rid, group_id))
+                num_new = wanted - len(hit) - len(table)
                 if copies:
                     num_new = max(num_new, 0) + 1
-                checkpoint = self._checkpoint_tokens(rid, group_id, total_computed, end)
-                request = self.requests[rid]
-                if checkpoint and self.retention == 0 and end < max(request.num_prompt_tokens, len(request.tokens) - 1):
-                    # Under a retention interval of 0 only the chunk ending the prefill keeps one.
-                    checkpoint = 0
-                    self.checkpoints_held_back += not cap
-                if not cap:
-                    # The allocation that follows (and the caching after it) writes this checkpoint.
-                    if checkpoint:
-                        self.checkpoints[(rid, group_id)] = (checkpoint, ceil_div(end, block_size) - 2)
-                    else:
-                        self.checkpoints.pop((rid, group_id), None)
+                checkpoint = self._planned_checkpoint(rid, group_id, total_computed, end)
                 taken += min(num_new, most + copies + (checkpoint > 0))
                 continue
             if not group.rules.in_prefix_cache:
-                taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(self.table(rid, group_id)))
+                taken += max(0, self._slot_blocks(rid, group_id, num_tokens) - len(table))
                 continue
             required = self._slot_blocks(rid, group_id, num_tokens)
             limit = self._admission_cap(group, self.config.spec_block_size(group_id)) if cap else None
             if limit is not None:
                 required = min(required, limit)
-            length_before_growth = len(self.table(rid, group_id))
+            length_before_growth = len(table)
             if waiting:
                 num_skipped = skipped_tokens(group, total_computed) // block_size
                 kept_hits = hit_ids[group_id][num_skipped:]

@@ -23,17 +23,20 @@ class PrefixLookup(ManagerState):
         )
 
     def find_hit(self, request_id: str) -> tuple[int, GroupIds]:
-        """The longest block-aligned prefix, below the last token, that every group finds cached.
+        """The hit :meth:`lookup_prefix` finds: its tokens and its blocks in each group."""
+        hit_tokens, hit_ids, _ = self.lookup_prefix(request_id)
+        return hit_tokens, hit_ids
+
+    def lookup_prefix(self, request_id: str) -> tuple[int, GroupIds, int]:
+        """The longest block-aligned prefix, below the last token, that every group finds cached, and the
+        end of the longest hit a single lookup found where it exceeds the hit (0 otherwise: the request's
+        ``shared_prefix_boundary`` once it is looked up).
 
         With an EAGLE drafter the hit is :meth:`eagle_hit_tokens` instead.
         The hit's blocks in each group are those its attention type needs
-        before the boundary (null blocks elsewhere).  The request records the
-        longest hit a single lookup found, where it exceeds the hit
-        (``shared_prefix_boundary``)."""
-        request = self.requests[request_id]
-        request.shared_prefix_boundary = 0
+        before the boundary (null blocks elsewhere)."""
         if all(not group.rules.in_prefix_cache for group in self.groups):
-            return 0, tuple(() for _ in self.groups)  # no group takes part in the prefix cache
+            return 0, tuple(() for _ in self.groups), 0  # no group takes part in the prefix cache
         if self.partial_hits:
             return self._sub_block_hit(request_id)
         if self.config.drop_group_ids:
@@ -42,8 +45,6 @@ class PrefixLookup(ManagerState):
             hit_tokens = self.plain_hit_tokens(request_id)
             # Only a sparse window under a retention interval caches by it: look it up only there.
             longest = self.first_lookup_tokens(request_id) if self.records_shared_prefix else 0
-        if longest > hit_tokens:
-            request.shared_prefix_boundary = longest
         found = []
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
@@ -51,9 +52,9 @@ class PrefixLookup(ManagerState):
             blocks = [self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) for p in needed]
             assert None not in blocks
             found.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
-        return hit_tokens, tuple(found)
+        return hit_tokens, tuple(found), longest if longest > hit_tokens else 0
 
-    def _sub_block_hit(self, request_id: str) -> tuple[int, GroupIds]:
+    def _sub_block_hit(self, request_id: str) -> tuple[int, GroupIds, int]:
         """The hit with sub-block hits on, as vLLM 0.33.0's hybrid lookup finds it.
 
         The spec groups' fixed point (:meth:`_fixed_point`) from the
@@ -104,7 +105,6 @@ class PrefixLookup(ManagerState):
             return found
 
         hit_tokens, longest = self._fixed_point(len(request.tokens) - 1, lookup)
-        request.shared_prefix_boundary = longest if longest > hit_tokens else 0
         found_ids: list[tuple[int, ...]] = []
         for group_id, group in enumerate(self.groups):
             block_size = self.block_sizes[group_id]
@@ -128,7 +128,7 @@ class PrefixLookup(ManagerState):
                 blocks = [self.pool.lookup((group_id, self.prefix(request_id, p, group_id))) for p in needed]
                 assert None not in blocks
                 found_ids.append((NULL,) * needed.start + tuple(b for b in blocks if b is not None))
-        return hit_tokens, tuple(found_ids)
+        return hit_tokens, tuple(found_ids), longest if longest > hit_tokens else 0
 
     def _full_sub_block_hit(
         self, request_id: str, group_ids: list[int], limit: int, inner: dict[int, tuple[int, int]]
