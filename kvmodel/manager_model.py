@@ -27,10 +27,8 @@ from kvmodel.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
-    ends_short_of_its_state,
-    plan_async_load,
-    plan_step,
 )
+from kvmodel.step_plans import ends_short_of_its_state, plan_async_load, plan_step
 
 __all__ = ["ManagerModel", "RequestModel", "skipped_tokens"]
 

@@ -32,12 +32,10 @@ from kvmodel.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
-    ends_short_of_its_state,
     flat_state_offloads,
-    plan_async_load,
-    plan_step,
 )
 from kvmodel.semantics import Semantics
+from kvmodel.step_plans import ends_short_of_its_state, plan_async_load, plan_step
 
 
 def block_ids(groups: Any) -> GroupIds:

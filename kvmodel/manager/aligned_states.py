@@ -6,8 +6,9 @@ from __future__ import annotations
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.state import ManagerState
 from kvmodel.observation import StoredEvent
-from kvmodel.ops import GroupIds, StateOffload, flat_state_offloads, prefill_checkpoint_fits
+from kvmodel.ops import GroupIds, StateOffload, flat_state_offloads
 from kvmodel.pool_model import NULL
+from kvmodel.step_plans import prefill_checkpoint_fits
 
 
 class AlignedStates(ManagerState):

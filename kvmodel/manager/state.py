@@ -12,9 +12,9 @@ from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.in_flight import StepsInFlight
 from kvmodel.manager.request import RequestModel
 from kvmodel.observation import CacheEvent, CacheKey, Observation, block_keys
-from kvmodel.ops import reusable_boundary
 from kvmodel.pool_model import PoolModel
 from kvmodel.semantics import NEWEST, Semantics
+from kvmodel.step_plans import reusable_boundary
 
 
 def skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
@@ -156,7 +156,7 @@ class ManagerState:
     def _reusable_boundary(self, num_tokens: int, step: int) -> int:
         """Where an align-mode Mamba group keeps the reusable state of a prefix of ``num_tokens`` tokens, on
         multiples of ``step``: short of the last token (and of the hash lookahead), or with an EAGLE
-        drafter a ``step`` below the last multiple (:func:`kvmodel.ops.reusable_boundary`)."""
+        drafter a ``step`` below the last multiple (:func:`kvmodel.step_plans.reusable_boundary`)."""
         return reusable_boundary(num_tokens, step, self.config.num_hash_lookahead_tokens, self.config.use_eagle)
 
     def _hit_ends_inside_block(self, hit: Sequence[int], hit_tokens: int, block_size: int) -> bool:
@@ -200,7 +200,7 @@ class ManagerState:
 
     def min_draft_tokens(self, request_id: str) -> int:
         """The fewest draft tokens a speculative step of ``request_id`` runs with beside an align-mode Mamba
-        group: as many as reach where its last step ended (:func:`~kvmodel.ops.ends_short_of_its_state`)."""
+        group: as many as reach where its last step ended (:func:`~kvmodel.step_plans.ends_short_of_its_state`)."""
         request = self.requests[request_id]
         if request.state_tokens is None or not self.aligned_mamba:
             return 0

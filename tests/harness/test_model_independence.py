@@ -40,9 +40,18 @@ def test_importing_the_model_loads_no_kvcore_or_kvcheck_module() -> None:
     assert result.stdout.strip() == "", f"kvcore or kvcheck modules loaded by the model: {result.stdout.strip()}"
 
 
-VOCABULARY = frozenset({"kvmodel.config", "kvmodel.limits", "kvmodel.observation", "kvmodel.ops", "kvmodel.semantics"})
+VOCABULARY = frozenset(
+    {
+        "kvmodel.config",
+        "kvmodel.limits",
+        "kvmodel.observation",
+        "kvmodel.ops",
+        "kvmodel.semantics",
+        "kvmodel.step_plans",
+    }
+)
 """The model modules a target may import: the vocabulary the lockstep speaks to both sides (the
-operations and the step plans they imply, the configuration, observations, release semantics and
+operations and the steps they ask for, the configuration, observations, release semantics and
 input limits).  Nothing else of the model runs inside a target, so a bug in the model's statement of
 a behaviour (steps in flight, the prefix lookup, allocation ...) is never also the target's."""
 
