@@ -110,7 +110,6 @@ def canonical_state(model: ManagerModel) -> object:
             step.num_scheduled_tokens,
             step.samples,
             step.sampled_token,
-            step.reads,
             step.freed,
         )
         for step in pipeline.steps

@@ -201,7 +201,7 @@ DEFECTS: tuple[KnownDefect, ...] = (
         "tokens get a block of their own before the step's new block: a 10-token request loading 8 external "
         "tokens in 2-token blocks is admitted by a pool of 7 blocks, and get_new_blocks raises ValueError "
         "inside allocate_slots.  An open fix exists upstream (vLLM PR #46892).  kvcheck's drivers trim a load "
-        "beside such a group until it ends inside one of its blocks (kvmodel.ops.ends_inside_state_blocks).",
+        "beside such a group until it ends inside one of its blocks (kvmodel.step_plans.ends_inside_state_blocks).",
         BOTH,
         _external_tokens_uncounted_beside_mamba,
     ),
@@ -231,7 +231,7 @@ DEFECTS: tuple[KnownDefect, ...] = (
         "the table reaches 4 positions with 2 tokens computed.  A step without drafts ends after token 3, so "
         "its state goes to position 2, but 3 slots need no new block: position 2 stays the null block, "
         "shared by every table's padding.  kvcheck runs no step ending short of its request's last drafts' "
-        "end beside an align-mode group (kvmodel.ops.ends_short_of_its_state).",
+        "end beside an align-mode group (kvmodel.step_plans.ends_short_of_its_state).",
         BOTH,
         _short_step_after_rejected_drafts,
     ),

@@ -8,6 +8,14 @@ from typing import Any, TypeGuard
 
 import attrs
 
+from kvmodel.kinds import CACHING_OFF_KINDS as CACHING_OFF_KINDS
+from kvmodel.kinds import FULL_HIT_KINDS as FULL_HIT_KINDS
+from kvmodel.kinds import GROUP_KINDS as GROUP_KINDS
+from kvmodel.kinds import MAMBA_KINDS as MAMBA_KINDS
+from kvmodel.kinds import SLIDING_KINDS as SLIDING_KINDS
+from kvmodel.kinds import UNCACHED_KINDS as UNCACHED_KINDS
+from kvmodel.kinds import WINDOW_KINDS as WINDOW_KINDS
+from kvmodel.kinds import Kind, kind_named, kind_names
 from kvmodel.limits import (
     MAX_BLOCK_SIZE,
     MAX_DCP_WORLD_SIZE,
@@ -26,32 +34,8 @@ def int_tuple(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
 
 
-GROUP_KINDS = (
-    "full",
-    "mla",
-    "sliding_window",
-    "sliding_window_mla",
-    "chunked_local",
-    "rswa",
-    "ring",
-    "cross_attention",
-    "mamba",
-    "mamba_align",
-)
-SLIDING_KINDS = ("sliding_window", "sliding_window_mla")
-"""The sliding-window kinds: plain, and over MLA's latent vectors (a spec of its own)."""
-WINDOW_KINDS = (*SLIDING_KINDS, "chunked_local", "rswa")
-"""The kinds whose group has a ``window``: a sliding window, an attention chunk, an R-SWA window."""
-FULL_HIT_KINDS = ("full", "mla", "rswa")
-"""The kinds whose prefix hit is full attention's (every block from the first on)."""
-UNCACHED_KINDS = ("ring", "cross_attention")
-"""The kinds outside the prefix cache: a ring buffer's one scratch block, cross-attention's encoder blocks."""
-MAMBA_KINDS = ("mamba", "mamba_align")
 KV_CACHE_DTYPES = ("auto", "fp8")
 """A group's KV cache dtype: the model's (``auto``) or 8-bit floats (vLLM's ``--kv-cache-dtype fp8``)."""
-"""The Mamba state kinds: vLLM's ``none`` cache mode and its ``align`` mode."""
-CACHING_OFF_KINDS = ("cross_attention", "mamba")
-"""The kinds vLLM 0.33.0 runs only with prefix caching off: cross-attention, and Mamba outside its align mode."""
 MAX_SPECULATIVE_BLOCKS = 8
 """The most speculative blocks a Mamba group reserves (vLLM reserves one per draft token)."""
 
@@ -130,14 +114,15 @@ class GroupSpec:
             block_size = self.block_size
         if not isinstance(self.dcp_replicated, bool):
             raise ConfigError(f"{where}.dcp_replicated", f"must be true or false, got {shown(self.dcp_replicated)}")
-        if self.dcp_replicated and self.kind in MAMBA_KINDS:
+        rules = self.rules
+        if self.dcp_replicated and rules.holds_state:
             raise ConfigError(f"{where}.dcp_replicated", f"true for a {self.kind} group, whose state is never sharded")
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"{where}.kv_cache_dtype",
                 f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {shown(self.kv_cache_dtype)}",
             )
-        if self.kv_cache_dtype != "auto" and self.kind in MAMBA_KINDS:
+        if self.kv_cache_dtype != "auto" and rules.holds_state:
             raise ConfigError(
                 f"{where}.kv_cache_dtype",
                 f"{self.kv_cache_dtype} for a {self.kind} group, which holds states, not a KV cache",
@@ -145,23 +130,29 @@ class GroupSpec:
         alignment = self.prefill_checkpoint_alignment
         if alignment is not None:
             field = f"{where}.prefill_checkpoint_alignment"
-            if self.kind != "mamba_align":
-                raise ConfigError(field, f"only a mamba_align group has prefill checkpoints, got {shown(alignment)}")
+            if not rules.aligned_states:
+                raise ConfigError(
+                    field,
+                    f"only a {kind_names(lambda kind: kind.aligned_states)} group has prefill checkpoints, "
+                    f"got {shown(alignment)}",
+                )
             if not is_int(alignment) or not 1 <= alignment <= MAX_BLOCK_SIZE:
                 raise ConfigError(
                     field, f"must be an integer from 1 to {MAX_BLOCK_SIZE} tokens, got {shown(alignment)}"
                 )
         field = f"{where}.speculative_blocks"
-        if self.kind not in MAMBA_KINDS and self.speculative_blocks != 0:
+        if not rules.holds_state and self.speculative_blocks != 0:
             raise ConfigError(
-                field, f"only a mamba or mamba_align group has speculative blocks, got {shown(self.speculative_blocks)}"
+                field,
+                f"only a {kind_names(lambda kind: kind.holds_state)} group has speculative blocks, "
+                f"got {shown(self.speculative_blocks)}",
             )
         if not is_int(self.speculative_blocks) or not 0 <= self.speculative_blocks <= MAX_SPECULATIVE_BLOCKS:
             raise ConfigError(
                 field, f"must be an integer from 0 to {MAX_SPECULATIVE_BLOCKS}, got {shown(self.speculative_blocks)}"
             )
         field = f"{where}.window"
-        if self.kind not in WINDOW_KINDS:
+        if not rules.has_window:
             if self.window is not None:
                 raise ConfigError(field, f"a {self.kind} group has no window, got {shown(self.window)}")
             return
@@ -169,42 +160,26 @@ class GroupSpec:
             raise ConfigError(field, f"must be an integer number of tokens, got {shown(self.window)}")
         if self.window > MAX_WINDOW_TOKENS:
             raise ConfigError(field, above(self.window, MAX_WINDOW_TOKENS, "tokens"))
-        if self.kind == "rswa" and self.window < 1:
-            raise ConfigError(field, f"an R-SWA window needs at least 1 token, got {self.window}")
-        if self.kind in SLIDING_KINDS and self.window < 2:
-            raise ConfigError(field, f"a sliding window needs at least 2 tokens, got {self.window}")
-        if self.kind == "chunked_local" and (self.window < 1 or self.window % block_size):
-            raise ConfigError(
-                field, f"an attention chunk must be a positive multiple of block_size={block_size}, got {self.window}"
-            )
+        wrong = rules.validate_window(self.window, block_size)
+        if wrong is not None:
+            raise ConfigError(field, wrong)
+
+    @property
+    def rules(self) -> Kind:
+        """The group's kind: its traits and its model rules (:mod:`kvmodel.kinds`)."""
+        return kind_named(self.kind)
 
     def first_attended_token(self, num_computed_tokens: int) -> int:
-        """The first token that the token after ``num_computed_tokens`` computed ones attends to.
-
-        A sliding window of ``W`` tokens reaches back ``W - 1`` tokens; chunked
-        local attention to the start of the token's chunk; full attention to
-        token 0; a Mamba state the last computed token.  Every token before it is
-        skipped: no later token reads it.
-        """
-        if self.kind in MAMBA_KINDS:
-            return max(0, num_computed_tokens - 1)
-        if self.kind in SLIDING_KINDS:
-            assert self.window is not None
-            return max(0, num_computed_tokens - self.window + 1)
-        if self.kind == "chunked_local":
-            assert self.window is not None
-            return (num_computed_tokens // self.window) * self.window
-        return 0
+        """The first token that the token after ``num_computed_tokens`` computed ones attends to: token 0
+        for full attention, the window's or the chunk's first for local attention, the last computed
+        token for a Mamba state.  Every token before it is skipped: no later token reads it."""
+        return self.rules.first_attended_token(self, num_computed_tokens)
 
     def released_blocks(self, num_computed_tokens: int, num_prompt_tokens: int, block_size: int) -> range:
         """The table positions no future token reads once ``num_computed_tokens`` are processed, of a
         request with a ``num_prompt_tokens``-token prompt: the whole blocks before the first attended
         token, or for R-SWA those between the prompt's last block and the window's first token."""
-        if self.kind == "rswa":
-            assert self.window is not None
-            window_start = max(num_prompt_tokens, num_computed_tokens - self.window)
-            return range(-(-num_prompt_tokens // block_size), window_start // block_size)
-        return range(self.first_attended_token(num_computed_tokens) // block_size)
+        return self.rules.released_blocks(self, num_computed_tokens, num_prompt_tokens, block_size)
 
     def describe(self) -> str:
         """The kind, with its window or speculative blocks, its own block size and whether DCP leaves it
@@ -221,11 +196,6 @@ class GroupSpec:
         if self.speculative_blocks:
             return f"{self.kind}(+{self.speculative_blocks} speculative){size}"
         return self.kind + size
-
-    def slot_blocks(self, num_tokens: int, block_size: int) -> int:
-        """The table length that gives ``num_tokens`` slots: a block per ``block_size`` slots, and a
-        Mamba group's speculative blocks past them."""
-        return -(-num_tokens // block_size) + self.speculative_blocks
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {"kind": self.kind}
@@ -325,7 +295,7 @@ class TargetConfig:
         """Whether decode context parallelism shards group ``group_id``: every attention group not
         ``dcp_replicated``; never a Mamba state."""
         group = self.groups[group_id]
-        return not group.dcp_replicated and group.kind not in MAMBA_KINDS
+        return not group.dcp_replicated and not group.rules.holds_state
 
     def group_block_size(self, group_id: int) -> int:
         """The tokens a block of group ``group_id`` holds over all ranks (vLLM's manager block size):
@@ -368,9 +338,7 @@ class TargetConfig:
             return self.hash_block_size
         if len(self.groups) == 1 or not self.enable_caching:
             return self.scheduler_block_size
-        cacheable = [
-            self.group_block_size(g) for g, group in enumerate(self.groups) if group.kind not in UNCACHED_KINDS
-        ]
+        cacheable = [self.group_block_size(g) for g, group in enumerate(self.groups) if group.rules.in_prefix_cache]
         return math.gcd(*(cacheable or self.block_sizes))
 
     @property
@@ -379,37 +347,39 @@ class TargetConfig:
         the step: with a Mamba group (its state is read before it is fully written) or attention groups
         of different KV cache dtypes (a block reused across groups would be read in the other dtype), as
         vLLM 0.33.0 decides ``needs_kv_cache_zeroing``."""
-        if any(group.kind in MAMBA_KINDS for group in self.groups):
+        if any(group.rules.holds_state for group in self.groups):
             return True
         return len({group.kv_cache_dtype for group in self.groups}) > 1
 
     @property
     def zeroed_group_ids(self) -> frozenset[int]:
         """The groups whose new blocks are zeroed, when the cache needs zeroing: attention, not rings."""
-        return frozenset(i for i, group in enumerate(self.groups) if group.kind not in (*MAMBA_KINDS, "ring"))
+        return frozenset(
+            i for i, group in enumerate(self.groups) if not (group.rules.holds_state or group.rules.scratch_block)
+        )
 
     @property
     def async_loaded_group_ids(self) -> tuple[int, ...]:
         """The groups an asynchronous external load writes (a connector's default: every group in the
         prefix cache, so not a ring buffer), whose load blocks are therefore not zeroed."""
-        return tuple(i for i, group in enumerate(self.groups) if group.kind != "ring")
+        return tuple(i for i, group in enumerate(self.groups) if not group.rules.scratch_block)
 
     @property
     def has_aligned_mamba(self) -> bool:
         """Whether a group is Mamba in vLLM's ``align`` mode."""
-        return any(group.kind == "mamba_align" for group in self.groups)
+        return any(group.rules.aligned_states for group in self.groups)
 
     @property
     def aligned_mamba_group_ids(self) -> tuple[int, ...]:
         """The groups that are Mamba in vLLM's ``align`` mode."""
-        return tuple(g for g, group in enumerate(self.groups) if group.kind == "mamba_align")
+        return tuple(g for g, group in enumerate(self.groups) if group.rules.aligned_states)
 
     @property
     def prefill_checkpoint_alignment(self) -> int | None:
         """The alignment of the prefill checkpoints beside ``mamba_align`` groups, or ``None`` for none:
         vLLM 0.33.0's scheduler plans them when every Mamba group has a checkpoint block, on the first
         one's alignment (kvcheck draws every Mamba group of one spec)."""
-        mamba = [group for group in self.groups if group.kind in MAMBA_KINDS]
+        mamba = [group for group in self.groups if group.rules.holds_state]
         if not mamba or any(group.prefill_checkpoint_alignment is None for group in mamba):
             return None
         return mamba[0].prefill_checkpoint_alignment
@@ -438,7 +408,7 @@ class TargetConfig:
             return False
         if self.dcp_world_size > 1:
             return any(
-                group.kind == "mamba_align" and self.group_block_size(index) >= self.hash_size
+                group.rules.aligned_states and self.group_block_size(index) >= self.hash_size
                 for index, group in enumerate(self.groups)
             )
         return self.states_finer_than_hashes
@@ -450,7 +420,7 @@ class TargetConfig:
         if not self.enable_caching or len(self.groups) == 1:
             return False
         return any(
-            group.kind == "mamba_align" and self.group_block_size(index) > self.hash_size
+            group.rules.aligned_states and self.group_block_size(index) > self.hash_size
             for index, group in enumerate(self.groups)
         )
 
@@ -460,8 +430,8 @@ class TargetConfig:
         return [
             index
             for index, group in enumerate(self.groups)
-            if group.kind not in UNCACHED_KINDS
-            and group.kind not in (*FULL_HIT_KINDS, "mamba_align")
+            if group.rules.in_prefix_cache
+            and not (group.rules.full_hit or group.rules.aligned_states)
             and self.group_block_size(index) != self.hash_size
         ]
 
@@ -477,7 +447,7 @@ class TargetConfig:
         checkpoints, where vLLM 0.33.0 asserts (a step's drafts place its checkpoint past the request's
         hashes, ``tests/vllm/test_known_defects.py``)."""
         return not any(
-            group.kind == "mamba_align" and group.prefill_checkpoint_alignment is not None for group in self.groups
+            group.rules.aligned_states and group.prefill_checkpoint_alignment is not None for group in self.groups
         )
 
     @property
@@ -590,43 +560,35 @@ class TargetConfig:
         for name in ("async_scheduling", "defer_block_free", "enable_kv_cache_events"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {shown(getattr(self, name))}")
-        has_cross = any(group.kind == "cross_attention" for group in self.groups)
+        has_cross = any(group.rules.encoder_blocks for group in self.groups)
         encoder = self.num_encoder_tokens
+        encoder_kinds = kind_names(lambda kind: kind.encoder_blocks)
         if not is_int(encoder) or encoder < 0:
             raise ConfigError("num_encoder_tokens", f"must be an integer >= 0, got {shown(encoder)}")
         if encoder > MAX_SCHEDULE_TOKENS:
             raise ConfigError("num_encoder_tokens", above(encoder, MAX_SCHEDULE_TOKENS, "tokens"))
         if has_cross and encoder == 0:
-            raise ConfigError("num_encoder_tokens", "a cross_attention group needs the encoder's token count (>= 1)")
+            raise ConfigError("num_encoder_tokens", f"a {encoder_kinds} group needs the encoder's token count (>= 1)")
         if encoder and not has_cross:
-            raise ConfigError("num_encoder_tokens", f"{encoder} without a cross_attention group to hold them")
+            raise ConfigError("num_encoder_tokens", f"{encoder} without a {encoder_kinds} group to hold them")
         if self.defer_block_free and not self.async_scheduling:
             raise ConfigError("defer_block_free", "true needs async_scheduling true: only steps in flight defer a free")
         if self.enable_caching:
             for index, group in enumerate(self.groups):
-                if group.kind == "cross_attention":
-                    raise ConfigError(
-                        "enable_caching",
-                        f"true with groups[{index}] cross_attention: its blocks have no prefix cache (vLLM 0.33.0 "
-                        "fails the first lookup)",
-                    )
-                if group.kind == "mamba":
-                    raise ConfigError(
-                        "enable_caching",
-                        f"true with groups[{index}] mamba: its 'none' cache mode caches no state (vLLM 0.33.0 "
-                        "asserts: prefix caching needs the 'align' mode)",
-                    )
-            if len(self.groups) > 1 and all(group.kind in UNCACHED_KINDS for group in self.groups):
+                reason = group.rules.caching_off_reason
+                if reason is not None:
+                    raise ConfigError("enable_caching", f"true with groups[{index}] {group.kind}: {reason}")
+            if len(self.groups) > 1 and not any(group.rules.in_prefix_cache for group in self.groups):
                 raise ConfigError(
                     "enable_caching",
                     "true with no group in the prefix cache: a hybrid cache needs one (vLLM 0.33.0 asserts on it)",
                 )
             for index in sorted(self.drop_group_ids):
-                if self.groups[index].kind == "chunked_local":
+                if self.groups[index].rules.chunked:
                     raise ConfigError(
                         "use_eagle",
-                        f"true with groups[{index}] chunked_local holding the drafter: a chunked-local hit cannot "
-                        "drop a block (vLLM 0.33.0 asserts on it)",
+                        f"true with groups[{index}] {self.groups[index].kind} holding the drafter: a chunked-local "
+                        "hit cannot drop a block (vLLM 0.33.0 asserts on it)",
                     )
             if self.drafter_group_ids and self.scheduler_block_size < self.num_prefill_lookahead:
                 raise ConfigError(
@@ -646,7 +608,7 @@ class TargetConfig:
         if not self.enable_caching:
             return
         for index, group in enumerate(self.groups):
-            if group.kind != "mamba_align":
+            if not group.rules.aligned_states:
                 continue
             if self.states_finer_than_hashes and index in self.drop_group_ids and self.num_reprefillable_tokens:
                 raise ConfigError(
@@ -668,7 +630,7 @@ class TargetConfig:
         if world == 1 or not self.enable_caching:
             return
         for index, group in enumerate(self.groups):
-            if not self.dcp_sharded(index) or group.kind in FULL_HIT_KINDS:
+            if not self.dcp_sharded(index) or group.rules.full_hit:
                 continue
             if len(self.groups) > 1:
                 raise ConfigError(
@@ -676,7 +638,7 @@ class TargetConfig:
                     f"{world} with prefix caching and groups[{index}] {group.kind} sharded: a hybrid cache shards "
                     "only full-attention groups (vLLM 0.33.0 asserts on it; mark it dcp_replicated)",
                 )
-            if group.kind in SLIDING_KINDS or group.kind == "chunked_local":
+            if group.rules.local_attention:
                 raise ConfigError(
                     "dcp_world_size",
                     f"{world} with prefix caching and one {group.kind} group: vLLM 0.33.0 looks its hits up only "
@@ -692,7 +654,7 @@ class TargetConfig:
             raise ConfigError("prefix_cache_retention_interval", f"must be an integer >= 0, got {shown(interval)}")
         if interval > MAX_SCHEDULE_TOKENS:
             raise ConfigError("prefix_cache_retention_interval", above(interval, MAX_SCHEDULE_TOKENS, "tokens"))
-        if interval and not any(group.kind in SLIDING_KINDS or group.kind in MAMBA_KINDS for group in self.groups):
+        if interval and not any(group.rules.sliding or group.rules.holds_state for group in self.groups):
             raise ConfigError(
                 "prefix_cache_retention_interval",
                 f"{interval} with no sliding-window or Mamba group: retention thins only theirs (vLLM 0.33.0 "
@@ -730,20 +692,20 @@ class TargetConfig:
                     f"{hashing} with one group of block_size {size}: with prefix caching one group's hits land on "
                     "its blocks (vLLM 0.33.0 refuses it)",
                 )
-            if group.kind not in UNCACHED_KINDS and size % hashing:
+            if group.rules.in_prefix_cache and size % hashing:
                 raise ConfigError(
                     "hash_block_size",
                     f"{hashing} does not divide groups[{index}]'s block_size {size}: every group in the prefix cache "
                     "must hash at a divisor of its block size (vLLM 0.33.0 asserts on it)",
                 )
-            if group.kind == "chunked_local" and len(self.groups) > 1 and size != self.hit_alignment:
+            if group.rules.chunked and len(self.groups) > 1 and size != self.hit_alignment:
                 raise ConfigError(
                     f"groups[{index}].block_size",
                     f"{size} is not the hits' alignment {self.hit_alignment} (the scheduler block size, or the "
                     "hash size with sub-block hits): chunked-local hits align to its own blocks (vLLM 0.33.0 "
                     "asserts at the first lookup)",
                 )
-            if group.kind == "ring" and size != hashing:
+            if group.rules.scratch_block and size != hashing:
                 raise ConfigError(
                     f"groups[{index}].block_size",
                     f"{size} with prefix caching and hashes of {hashing} tokens: vLLM 0.33.0 enters the ring's scratch "

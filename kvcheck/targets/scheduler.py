@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from kvcheck.targets.pipeline import GroupPositions, StepPipeline, read_positions
 from kvcheck.vllm_releases import semantics_in_force
 from kvmodel.config import TargetConfig
 from kvmodel.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
@@ -31,13 +32,10 @@ from kvmodel.ops import (
     SpecDecode,
     StartAsyncLoad,
     StepResult,
-    ends_short_of_its_state,
     flat_state_offloads,
-    plan_async_load,
-    plan_step,
 )
-from kvmodel.pipeline import GroupPositions, StepPipeline, read_positions
 from kvmodel.semantics import Semantics
+from kvmodel.step_plans import ends_short_of_its_state, plan_async_load, plan_step
 
 
 def block_ids(groups: Any) -> GroupIds:
@@ -55,7 +53,7 @@ class SchedulerDrivenTarget:
     recompute from token 0; a failed external load first drops the request's
     blocks from the prefix cache.  An asynchronous external load allocates
     with ``delay_cache_blocks`` and caches when it lands.  Under async
-    scheduling steps go in flight (:mod:`kvmodel.pipeline`).
+    scheduling steps go in flight (:mod:`kvcheck.targets.pipeline`).
     """
 
     def __init__(self, config: TargetConfig, semantics: Semantics | None = None) -> None:

@@ -133,6 +133,6 @@ def test_the_graph_is_read() -> None:
     """The reader finds imports where they are known to be, so that the tests above cannot pass on an
     empty graph."""
     graph = imports(modules())
-    assert "kvmodel.config" in graph["kvmodel.manager_model"]
+    assert "kvmodel.config" in graph["kvmodel.manager.state"]
     assert "kvcheck.targets.interface" in graph["kvcheck.targets.differential"]
     assert "kvcheck.lockstep" in graph["kvcheck.stateful_tests.manager_machine"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvmodel.config import GroupSpec, TargetConfig
-from kvmodel.ops import Schedule, ScheduleAmounts, split_at_mamba_states
+from kvmodel.ops import Schedule
+from kvmodel.step_plans import ScheduleAmounts, split_at_mamba_states
 
 CONFIG = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True)
 

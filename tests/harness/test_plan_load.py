@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from kvmodel.config import GroupSpec, TargetConfig
-from kvmodel.ops import Schedule, ends_inside_state_blocks, plan_load, plan_step
+from kvmodel.ops import Schedule
+from kvmodel.step_plans import ends_inside_state_blocks, plan_load, plan_step
 
 FULL = TargetConfig(16, 2, (GroupSpec("full"),), True).validate()
 # Mamba states in 4-token blocks hashed every 2 tokens: sub-block hits, a scheduler block of 4.

@@ -21,9 +21,9 @@ from kvcheck.vllm_releases import (
     watched_digests,
 )
 from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.manager.in_flight import caches_after_sync_output
 from kvmodel.manager_model import ManagerModel
 from kvmodel.ops import AddRequest, Finish, Schedule
-from kvmodel.pipeline import caches_after_sync_output
 from kvmodel.semantics import BEHAVIOURS, KNOWN_VERSIONS, NEWEST, SYNC_MAMBA_OUTPUT_CACHING, Semantics, release_key
 
 MAMBA_BESIDE_FULL = TargetConfig(

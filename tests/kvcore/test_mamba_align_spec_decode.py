@@ -71,7 +71,7 @@ def test_a_step_ending_short_of_the_drafts_end_gets_no_block_where_its_state_goe
     """As in vLLM 0.33.0: 2 drafts rejected leave the table at 4 positions with 2 tokens computed; a step
     without drafts ends after token 3, whose state the model runner saves at position 2, but the table
     is long enough, so nothing is allocated and position 2 holds the null block (kvcheck runs no such
-    step: ``kvmodel.ops.ends_short_of_its_state``)."""
+    step: ``kvmodel.step_plans.ends_short_of_its_state``)."""
     manager = make_manager()
     request = decoding_request(manager)
     (new,) = speculative_step(manager, request, 2, 0)

@@ -89,7 +89,7 @@ def test_the_wheel_runs_the_suite_from_an_empty_folder(tmp_path: Path) -> None:
         names = set(archive.namelist())
     assert top_level == {"kvcheck", "kvcore", "kvmodel"}, f"the wheel installs top-level {sorted(top_level)}"
     for shipped in (
-        "kvmodel/invariants.py",
+        "kvmodel/invariants/__init__.py",
         "kvcheck/stateful_tests/manager_machine.py",
         "kvcheck/regressions/test_replay.py",
         "kvcheck/regressions/traces/s000_fifo_reuse_when_caching_off.json",

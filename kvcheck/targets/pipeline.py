@@ -1,4 +1,4 @@
-"""Steps in flight: the async scheduler's bookkeeping, shared by every target and the model.
+"""Steps in flight: the async scheduler's bookkeeping, for the targets the scheduler drives.
 
 Under async scheduling vLLM's scheduler schedules step N+1 before step N's
 output is processed.  A scheduled step advances ``num_computed_tokens`` at
@@ -16,10 +16,11 @@ the allocator and frees them once every step scheduled so far is processed
 (a fence on the step sequence), as vLLM 0.33.0 does for KV-consumer
 connectors.
 
-This is scheduler logic, not allocator logic, so it is written once here
-and driven by both :class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`
-and :class:`~kvmodel.manager_model.ManagerModel`; each supplies the
-allocator-side effects as callbacks.
+This is scheduler logic, not allocator logic: the targets' scheduler
+(:class:`~kvcheck.targets.scheduler.SchedulerDrivenTarget`) drives it and
+supplies the allocator-side effects as callbacks.  The model states the same
+behaviour on its own (:mod:`kvmodel.manager.in_flight`), so a bug here is
+seen by the lockstep.
 """
 
 from __future__ import annotations

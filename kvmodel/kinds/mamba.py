@@ -1,0 +1,51 @@
+"""Mamba state groups: vLLM's ``none`` cache mode (the block holding the last computed token's state
+is kept, every one before it freed) and its ``align`` mode (position ``p`` holds the state after
+``(p + 1) * block_size`` tokens, full blocks' states are prefix-cached and a hit needs only its last
+state)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from kvmodel.kinds.base import Group, Kind, ceil_div
+
+
+class Mamba(Kind):
+    """The ``none`` cache mode."""
+
+    holds_state = True
+    caching_off_reason: ClassVar[str | None] = (
+        "its 'none' cache mode caches no state (vLLM 0.33.0 asserts: prefix caching needs the 'align' mode)"
+    )
+
+    def first_attended_token(self, group: Group, num_computed_tokens: int) -> int:
+        # The state after the last computed token.
+        return max(0, num_computed_tokens - 1)
+
+
+class MambaAlign(Mamba):
+    """The ``align`` cache mode."""
+
+    aligned_states = True
+    caching_off_reason = None
+
+    def needed_positions(self, group: Group, hit_blocks: int, block_size: int) -> range:
+        return range(hit_blocks - 1, hit_blocks) if hit_blocks else range(0)
+
+    def step_positions(
+        self,
+        group: Group,
+        block_size: int,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        num_prompt_tokens: int,
+        num_encoder_tokens: int,
+        state_tokens: int | None,
+    ) -> tuple[int, ...]:
+        # The state it starts from and the block of its last token; the positions between are null.
+        end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
+        start_state = ceil_div(num_computed_tokens if state_tokens is None else state_tokens, block_size) - 1
+        return tuple(sorted({p for p in (start_state, end - 1) if p >= 0}))
+
+
+KINDS = (Mamba("mamba"), MambaAlign("mamba_align"))
