@@ -99,29 +99,29 @@ def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
         # MLA's latent vectors (a spec of its own).
         if rng.random() < 1 / 4:
             kind = "sliding_window_mla"
-        return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
+        return GroupSpec(kind=kind, window=rng.randint(2, rng.choice([4, 16]) * block_size))
     if kind == "chunked_local":
-        return GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16])))
+        return GroupSpec(kind=kind, window=block_size * rng.randint(1, rng.choice([4, 16])))
     if kind == "rswa":
         return _rswa_group(rng, block_size)
-    return GroupSpec(kind)
+    return GroupSpec(kind=kind)
 
 
 def _rswa_group(rng: random.Random, block_size: int) -> GroupSpec:
     """An R-SWA group whose window of generated tokens is a few blocks at most, so the gap opens in a short run."""
-    return GroupSpec("rswa", rng.randint(1, block_size))
+    return GroupSpec(kind="rswa", window=rng.randint(1, block_size))
 
 
 def _mamba_group(rng: random.Random) -> GroupSpec:
     """A Mamba group, reserving blocks for an MTP verifier's draft states in three draws in four."""
-    return GroupSpec("mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
+    return GroupSpec(kind="mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
 
 
 def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
     """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
     if rng.random() < 0.5:
-        return GroupSpec("sliding_window", rng.randint(2, 4 * block_size))
-    return GroupSpec("chunked_local", block_size * rng.randint(1, 4))
+        return GroupSpec(kind="sliding_window", window=rng.randint(2, 4 * block_size))
+    return GroupSpec(kind="chunked_local", window=block_size * rng.randint(1, 4))
 
 
 SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", "encoder_decoder")
@@ -139,40 +139,44 @@ def _layout_groups(
     when the layout has one of their own."""
     if layout == "gemma":
         # vLLM splits Gemma 3's many sliding-window layers into several groups of one spec, looked up together.
-        return (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_local_group(rng, block_size),) * (count - 1)), None
     if layout == "llama":
-        return (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
+        return (GroupSpec(kind="full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
     if layout == "rswa":
         # A multimodal model with R-SWA layers beside full attention; with one group, its R-SWA layers alone.
         if count == 1:
             return (_rswa_group(rng, block_size),), None
-        return (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
     if layout == "deepseek":
         # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own; in half the
         # draws with room, sliding-window MLA layers too (DeepSeek V4).
-        main = [GroupSpec("mla")] * (count - 1)
+        main = [GroupSpec(kind="mla")] * (count - 1)
         if count > 2 and rng.random() < 0.5:
-            main[-1] = GroupSpec("sliding_window_mla", rng.randint(2, 4 * block_size))
-        return (*main, GroupSpec("full")), count - 1
+            main[-1] = GroupSpec(kind="sliding_window_mla", window=rng.randint(2, 4 * block_size))
+        return (*main, GroupSpec(kind="full")), count - 1
     if layout == "compressed":
         # Full attention, the compressor's ring buffer, and possibly local layers.
-        return (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2))), None
+        return (
+            GroupSpec(kind="full"),
+            GroupSpec(kind="ring"),
+            *(_local_group(rng, block_size) for _ in range(count - 2)),
+        ), None
     if layout == "mamba":
         # Jamba, Nemotron-H, Granite 4, Qwen3-Next without prefix caching: attention layers, then Mamba
         # layers split into groups of one spec; with one group, a pure Mamba model (Mamba 2).
         if count == 1:
             return (_mamba_group(rng),), None
-        return (GroupSpec("full"), *(_mamba_group(rng),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_mamba_group(rng),) * (count - 1)), None
     if layout == "samba":
         # Samba's Mamba and sliding-window layers; with three groups or more, full attention first too
         # (Phi-4-mini-flash).
         window = _window_beside_states(rng, block_size)
         if count == 2:
             return (window, _mamba_group(rng)), None
-        return (GroupSpec("full"), window, *(_mamba_group(rng),) * (count - 2)), None
+        return (GroupSpec(kind="full"), window, *(_mamba_group(rng),) * (count - 2)), None
     if layout == "encoder_decoder":
         # Whisper: decoder self-attention and cross-attention, without prefix caching.
-        return (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention")), None
+        return (*(GroupSpec(kind="full"),) * (count - 1), GroupSpec(kind="cross_attention")), None
     return tuple(_any_group(rng, block_size) for _ in range(count)), None
 
 
@@ -190,9 +194,9 @@ def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
     if kind == "rswa":
         window = _rswa_group(rng, size)
     elif kind == "sliding_window":
-        window = GroupSpec(kind, rng.randint(2, 4 * size))
+        window = GroupSpec(kind=kind, window=rng.randint(2, 4 * size))
     else:
-        window = GroupSpec(kind, size * rng.randint(1, 4))
+        window = GroupSpec(kind=kind, window=size * rng.randint(1, 4))
     return attrs.evolve(window, block_size=size if wide else None)
 
 
@@ -268,7 +272,7 @@ def random_config(
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
         # vLLM needs a group in the prefix cache when it is on.
-        groups = (GroupSpec("full"), *groups[1:])
+        groups = (GroupSpec(kind="full"), *groups[1:])
     num_encoder_tokens = rng.randint(1, 3 * block_size) if encoder_decoder else 0
     # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the

@@ -224,13 +224,13 @@ class _Reader:
             self.keys(group, {"kind"}, optional, field)
             groups.append(
                 GroupSpec(
-                    group["kind"],
-                    group.get("window"),
-                    group.get("speculative_blocks", 0),
-                    group.get("block_size"),
-                    group.get("dcp_replicated", False),
-                    group.get("kv_cache_dtype", "auto"),
-                    group.get("prefill_checkpoint_alignment"),
+                    kind=group["kind"],
+                    window=group.get("window"),
+                    speculative_blocks=group.get("speculative_blocks", 0),
+                    block_size=group.get("block_size"),
+                    dcp_replicated=group.get("dcp_replicated", False),
+                    kv_cache_dtype=group.get("kv_cache_dtype", "auto"),
+                    prefill_checkpoint_alignment=group.get("prefill_checkpoint_alignment"),
                 )
             )
         config = TargetConfig(

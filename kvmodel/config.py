@@ -71,7 +71,7 @@ def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class GroupSpec:
     """One KV-cache group: its attention kind and, for local kinds, the reach in tokens.
 
@@ -244,7 +244,7 @@ class GroupSpec:
         return document
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class TargetConfig:
     """A KV cache to test: ``num_blocks`` blocks (block 0 is the null block) of
     ``block_size`` tokens shared by ``groups``, with prefix caching on or off;
