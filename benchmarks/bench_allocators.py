@@ -114,8 +114,8 @@ class VllmBackend:
         self.version = vllm_target.require_vllm().version
         self._vllm = vllm_target
         self._groups = {
-            "full": [GroupSpec("full")],
-            "hybrid": [GroupSpec("full")] + [GroupSpec("sliding_window", SLIDING_WINDOW_TOKENS)] * 2,
+            "full": [GroupSpec(kind="full")],
+            "hybrid": [GroupSpec(kind="full")] + [GroupSpec(kind="sliding_window", window=SLIDING_WINDOW_TOKENS)] * 2,
         }
 
     def make_pool(self, num_blocks: int, enable_caching: bool) -> Any:

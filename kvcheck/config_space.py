@@ -64,21 +64,23 @@ vLLM 0.33.0 requires.
 
 from __future__ import annotations
 
-import math
 import random
 from typing import TypedDict
 
 import attrs
 
-from kvmodel.config import (
-    CACHING_OFF_KINDS,
-    MAMBA_KINDS,
-    SLIDING_KINDS,
-    UNCACHED_KINDS,
-    ConfigError,
-    GroupSpec,
-    TargetConfig,
+from kvcheck.config_features import (
+    block_sizes,
+    context_parallel,
+    drafter_beside_states,
+    mixed_precision,
+    prefill_checkpoints,
+    retention_interval,
+    shared_prefix_checkpoints,
+    state_retention,
+    wider_states,
 )
+from kvmodel.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
 
 
 class _Admission(TypedDict, total=False):
@@ -99,29 +101,29 @@ def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
         # MLA's latent vectors (a spec of its own).
         if rng.random() < 1 / 4:
             kind = "sliding_window_mla"
-        return GroupSpec(kind, rng.randint(2, rng.choice([4, 16]) * block_size))
+        return GroupSpec(kind=kind, window=rng.randint(2, rng.choice([4, 16]) * block_size))
     if kind == "chunked_local":
-        return GroupSpec(kind, block_size * rng.randint(1, rng.choice([4, 16])))
+        return GroupSpec(kind=kind, window=block_size * rng.randint(1, rng.choice([4, 16])))
     if kind == "rswa":
         return _rswa_group(rng, block_size)
-    return GroupSpec(kind)
+    return GroupSpec(kind=kind)
 
 
 def _rswa_group(rng: random.Random, block_size: int) -> GroupSpec:
     """An R-SWA group whose window of generated tokens is a few blocks at most, so the gap opens in a short run."""
-    return GroupSpec("rswa", rng.randint(1, block_size))
+    return GroupSpec(kind="rswa", window=rng.randint(1, block_size))
 
 
 def _mamba_group(rng: random.Random) -> GroupSpec:
     """A Mamba group, reserving blocks for an MTP verifier's draft states in three draws in four."""
-    return GroupSpec("mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
+    return GroupSpec(kind="mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
 
 
 def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
     """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
     if rng.random() < 0.5:
-        return GroupSpec("sliding_window", rng.randint(2, 4 * block_size))
-    return GroupSpec("chunked_local", block_size * rng.randint(1, 4))
+        return GroupSpec(kind="sliding_window", window=rng.randint(2, 4 * block_size))
+    return GroupSpec(kind="chunked_local", window=block_size * rng.randint(1, 4))
 
 
 SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", "encoder_decoder")
@@ -139,40 +141,44 @@ def _layout_groups(
     when the layout has one of their own."""
     if layout == "gemma":
         # vLLM splits Gemma 3's many sliding-window layers into several groups of one spec, looked up together.
-        return (GroupSpec("full"), *(_local_group(rng, block_size),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_local_group(rng, block_size),) * (count - 1)), None
     if layout == "llama":
-        return (GroupSpec("full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
+        return (GroupSpec(kind="full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
     if layout == "rswa":
         # A multimodal model with R-SWA layers beside full attention; with one group, its R-SWA layers alone.
         if count == 1:
             return (_rswa_group(rng, block_size),), None
-        return (GroupSpec("full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
     if layout == "deepseek":
         # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own; in half the
         # draws with room, sliding-window MLA layers too (DeepSeek V4).
-        main = [GroupSpec("mla")] * (count - 1)
+        main = [GroupSpec(kind="mla")] * (count - 1)
         if count > 2 and rng.random() < 0.5:
-            main[-1] = GroupSpec("sliding_window_mla", rng.randint(2, 4 * block_size))
-        return (*main, GroupSpec("full")), count - 1
+            main[-1] = GroupSpec(kind="sliding_window_mla", window=rng.randint(2, 4 * block_size))
+        return (*main, GroupSpec(kind="full")), count - 1
     if layout == "compressed":
         # Full attention, the compressor's ring buffer, and possibly local layers.
-        return (GroupSpec("full"), GroupSpec("ring"), *(_local_group(rng, block_size) for _ in range(count - 2))), None
+        return (
+            GroupSpec(kind="full"),
+            GroupSpec(kind="ring"),
+            *(_local_group(rng, block_size) for _ in range(count - 2)),
+        ), None
     if layout == "mamba":
         # Jamba, Nemotron-H, Granite 4, Qwen3-Next without prefix caching: attention layers, then Mamba
         # layers split into groups of one spec; with one group, a pure Mamba model (Mamba 2).
         if count == 1:
             return (_mamba_group(rng),), None
-        return (GroupSpec("full"), *(_mamba_group(rng),) * (count - 1)), None
+        return (GroupSpec(kind="full"), *(_mamba_group(rng),) * (count - 1)), None
     if layout == "samba":
         # Samba's Mamba and sliding-window layers; with three groups or more, full attention first too
         # (Phi-4-mini-flash).
         window = _window_beside_states(rng, block_size)
         if count == 2:
             return (window, _mamba_group(rng)), None
-        return (GroupSpec("full"), window, *(_mamba_group(rng),) * (count - 2)), None
+        return (GroupSpec(kind="full"), window, *(_mamba_group(rng),) * (count - 2)), None
     if layout == "encoder_decoder":
         # Whisper: decoder self-attention and cross-attention, without prefix caching.
-        return (*(GroupSpec("full"),) * (count - 1), GroupSpec("cross_attention")), None
+        return (*(GroupSpec(kind="full"),) * (count - 1), GroupSpec(kind="cross_attention")), None
     return tuple(_any_group(rng, block_size) for _ in range(count)), None
 
 
@@ -190,9 +196,9 @@ def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
     if kind == "rswa":
         window = _rswa_group(rng, size)
     elif kind == "sliding_window":
-        window = GroupSpec(kind, rng.randint(2, 4 * size))
+        window = GroupSpec(kind=kind, window=rng.randint(2, 4 * size))
     else:
-        window = GroupSpec(kind, size * rng.randint(1, 4))
+        window = GroupSpec(kind=kind, window=size * rng.randint(1, 4))
     return attrs.evolve(window, block_size=size if wide else None)
 
 
@@ -268,7 +274,7 @@ def random_config(
         enable_caching = False
     elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
         # vLLM needs a group in the prefix cache when it is on.
-        groups = (GroupSpec("full"), *groups[1:])
+        groups = (GroupSpec(kind="full"), *groups[1:])
     num_encoder_tokens = rng.randint(1, 3 * block_size) if encoder_decoder else 0
     # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the
@@ -278,7 +284,7 @@ def random_config(
     can_drop = [index for index, group in enumerate(groups) if group.kind not in ("chunked_local", "mamba_align")]
     # Beside a chunked-local group the drafter sits in other groups only
     # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
-    # (Beside an align-mode Mamba group the drafter is drawn last: _drafter_beside_states.)
+    # (Beside an align-mode Mamba group the drafter is drawn last: config_features.drafter_beside_states.)
     aligned_mamba = any(group.kind == "mamba_align" for group in groups)
     use_eagle = eagle_drawn and enable_caching and bool(can_drop) and not aligned_mamba
     must_name_drafters = use_eagle and len(can_drop) < count
@@ -348,206 +354,10 @@ def random_config(
         **admission,
         enable_kv_cache_events=enable_kv_cache_events,
     )
-    config = _retention_interval(rng, _block_sizes(rng, config, block_sizes_share), retention_share)
-    config = _wider_states(rng, _context_parallel(rng, config, dcp_share), sub_block_share)
-    config = _mixed_precision(rng, config, mixed_precision_share)
-    config = _prefill_checkpoints(rng, config, checkpoint_share)
-    config = _state_retention(rng, config, state_retention_share)
-    config = _drafter_beside_states(rng, config, drafter_beside_states_share)
-    return _shared_prefix_checkpoints(rng, config, shared_prefix_checkpoint_share)
-
-
-def _shared_prefix_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws where vLLM 0.33.0 lets them be in force (a drafter's
-    groups, sub-block hits, no tokens a drafter prefills again), shared-prefix checkpoints: align-mode
-    Mamba groups cache the state at the end of a prefix a lookup found shared, where the prefill chunk
-    stops.  (Drawn last.)"""
-    candidate = attrs.evolve(config, enable_mamba_shared_prefix_checkpoint=True)
-    if not candidate.shared_prefix_checkpoint or rng.random() >= share:
-        return config
-    return candidate
-
-
-def _drafter_beside_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the hybrid draws with align-mode Mamba groups and no drafter
-    yet, an EAGLE drafter whose layers sit in the attention groups (a draft model has no Mamba layers;
-    in a third of those no group is named, so vLLM counts every group the drafter's):
-    its drop shapes the attention groups' hits and moves the Mamba groups' reusable states and prefill
-    checkpoints a hit boundary lower (with sub-block hits, a hash block lower), and it may prefill 1 to
-    3 tokens past a chunk.  (Drawn last.)"""
-    if not config.has_aligned_mamba or config.use_eagle or config.num_hash_lookahead_tokens:
-        return config
-    attention = tuple(index for index, group in enumerate(config.groups) if group.kind not in MAMBA_KINDS)
-    if not attention or rng.random() >= share:
-        return config
-    prefill_lookahead = min(rng.choice([0, 1, 2, 3]), config.block_size)
-    # In a third of the draws no group is named: vLLM then counts every group the drafter's, the Mamba
-    # groups too, whose lookups still look no further than the candidate.
-    drafter_groups = attention if rng.random() < 2 / 3 else ()
-    if not drafter_groups and config.states_finer_than_hashes:
-        # A Mamba group holding the drafter, in blocks larger than the hashes, takes no lookahead past one
-        # token: vLLM 0.33.0 keys the prompt's state inside a block a step late (tests/vllm/test_known_defects.py).
-        prefill_lookahead = min(prefill_lookahead, 1)
-    drafter = attrs.evolve(
-        config, use_eagle=True, eagle_group_ids=drafter_groups, num_prefill_lookahead=prefill_lookahead
-    )
-    try:
-        return drafter.validate()
-    except ConfigError:
-        return config
-
-
-def _state_retention(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws with align-mode Mamba groups, a retention interval
-    (vLLM's sparse state retention): 0 (only the states at replay boundaries and shared prefixes' ends,
-    and prefill checkpoints on the chunk ending the prefill only) or two to eight scheduler blocks.
-    (Drawn last.)"""
-    if not config.has_aligned_mamba or config.prefix_cache_retention_interval is not None or rng.random() >= share:
-        return config
-    interval = rng.choice([0, 0, 2, 4, 8]) * config.scheduler_block_size
-    return attrs.evolve(config, prefix_cache_retention_interval=interval).validate()
-
-
-def _prefill_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws with align-mode Mamba groups, a prefill checkpoint
-    block in every one of them (as Qwen3-Next's and Nemotron-H's Mamba layers declare), on an alignment
-    of 1 token (a backend exporting any position), the hash size, twice it, or 3 tokens (one that
-    misses some checkpoints); not with async scheduling and hashes that look ahead, where vLLM 0.33.0
-    asserts.  (Drawn last.)"""
-    if not config.has_aligned_mamba or rng.random() >= share:
-        return config
-    alignment = rng.choice([1, 1, config.hash_size, 2 * config.hash_size, 3])
-    if config.async_scheduling and config.num_hash_lookahead_tokens:
-        return config  # a vLLM 0.33.0 defect (tests/vllm/test_known_defects.py)
-    groups = tuple(
-        attrs.evolve(group, prefill_checkpoint_alignment=alignment) if group.kind == "mamba_align" else group
-        for group in config.groups
-    )
-    return attrs.evolve(config, groups=groups).validate()
-
-
-def _mixed_precision(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws with two attention groups or more, the KV cache of
-    the last ones (one group, or every group from a drawn one on) in fp8: attention groups of two dtypes,
-    whose new blocks the worker zeroes.  (Drawn last.)"""
-    attention = [index for index, group in enumerate(config.groups) if group.kind not in MAMBA_KINDS]
-    if len(attention) < 2 or rng.random() >= share:
-        return config
-    first = rng.choice(attention[1:])
-    groups = tuple(
-        attrs.evolve(group, kv_cache_dtype="fp8") if index in attention and index >= first else group
-        for index, group in enumerate(config.groups)
-    )
-    return attrs.evolve(config, groups=groups).validate()
-
-
-def _wider_states(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the hybrid draws with align-mode Mamba groups of the cache's
-    block size, those groups' blocks twice as large as the attention blocks and the hashes: hits may
-    then end inside a state block (vLLM's fine-grained hits).  (Drawn last.)"""
-    widened = [
-        index for index, group in enumerate(config.groups) if group.kind == "mamba_align" and group.block_size is None
-    ]
-    if len(config.groups) == 1 or not widened or rng.random() >= share:
-        return config
-    groups = tuple(
-        attrs.evolve(group, block_size=2 * config.block_size) if index in widened else group
-        for index, group in enumerate(config.groups)
-    )
-    try:
-        return attrs.evolve(config, groups=groups).validate()
-    except ConfigError:
-        return config
-
-
-STATES_UNDER_DCP_SHARE = 1 / 2
-"""Of the draws with prefix caching and align-mode Mamba states that ``_context_parallel`` would shard,
-the share it does, over 2 ranks (the states' other features keep most of their single-rank draws)."""
-
-
-def _context_parallel(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` sharded over 2 or 4 decode context parallel ranks in a ``share`` of the draws (twice
-    that share of the draws with prefix caching that vLLM shards and that hold no align-mode Mamba
-    group: every group full attention, as in DeepSeek's layouts, which DCP serves; few hybrid ones are;
-    half of it with prefix caching beside align-mode Mamba states, where sub-block hits end inside
-    the sharded blocks, and over 2 ranks there), the drafter's groups replicated in half of those (a
-    draft model at DCP 1).
-    (Drawn last.)  A draw vLLM would refuse (with prefix caching, a sharded group that is not full
-    attention) keeps one rank."""
-    states_cached = config.enable_caching and config.has_aligned_mamba
-    if config.enable_caching and not states_cached and _shardable(config):
-        share = min(1.0, 2 * share)
-    draw = rng.random()
-    if draw >= share:
-        return config
-    world = rng.choice([2, 2, 4])
-    if states_cached:
-        world = 2  # smaller sharded blocks: a request fits more often with a hit ending inside one
-    groups = config.groups
-    if config.eagle_group_ids and rng.random() < 1 / 2:
-        groups = tuple(
-            attrs.evolve(group, dcp_replicated=True) if index in config.eagle_group_ids else group
-            for index, group in enumerate(groups)
-        )
-    if states_cached and draw >= share * STATES_UNDER_DCP_SHARE:
-        return config
-    try:
-        return attrs.evolve(config, groups=groups, dcp_world_size=world).validate()
-    except ConfigError:
-        return config
-
-
-def _shardable(config: TargetConfig) -> bool:
-    """Whether vLLM accepts ``config`` over 2 decode context parallel ranks."""
-    try:
-        attrs.evolve(config, dcp_world_size=2).validate()
-    except ConfigError:
-        return False
-    return True
-
-
-def _retention_interval(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of the draws with caching and a sliding window (in half as much
-    again of those with a sliding window alone: few single-group draws have one), a retention interval:
-    0 (only the replay boundaries and shared prefixes) or two to eight scheduler blocks.  (Drawn
-    last.)"""
-    if not config.enable_caching or not any(group.kind in SLIDING_KINDS for group in config.groups):
-        return config
-    if len(config.groups) == 1:
-        share = min(1.0, 1.5 * share)
-    if rng.random() >= share:
-        return config
-    # (One scheduler block would keep what no interval keeps: a hit may end on any of them.)
-    interval = rng.choice([0, 0, 2, 4, 8]) * config.scheduler_block_size
-    return attrs.evolve(config, prefix_cache_retention_interval=interval).validate()
-
-
-def _block_sizes(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:
-    """``config`` with, in a ``share`` of multi-group draws, some groups' blocks two or three times as
-    large; and in a ``share`` of multi-group draws with caching, hashes finer than the blocks.  (Drawn
-    last, so the rest of the configuration is the same draw.)  A draw vLLM would refuse, or kvcheck
-    does not model, keeps the one block size."""
-    if len(config.groups) == 1:
-        return config
-    mixed = rng.random() < share
-    factor = rng.choice([2, 2, 3])
-    larger = [rng.random() < 1 / 2 for _ in config.groups]
-    finer = config.enable_caching and rng.random() < share
-    groups = config.groups
-    if mixed:
-        groups = tuple(
-            attrs.evolve(group, block_size=config.block_size * factor)
-            if large and group.kind not in UNCACHED_KINDS
-            else group
-            for group, large in zip(groups, larger)
-        )
-    candidate = attrs.evolve(config, groups=groups)
-    if finer:
-        cacheable = [size for size, group in zip(candidate.block_sizes, groups) if group.kind not in UNCACHED_KINDS]
-        divisors = [d for d in range(1, math.gcd(*cacheable)) if math.gcd(*cacheable) % d == 0]
-        if divisors:
-            candidate = attrs.evolve(candidate, hash_block_size=rng.choice(divisors))
-    try:
-        return candidate.validate()
-    except ConfigError:
-        return config
+    config = retention_interval(rng, block_sizes(rng, config, block_sizes_share), retention_share)
+    config = wider_states(rng, context_parallel(rng, config, dcp_share), sub_block_share)
+    config = mixed_precision(rng, config, mixed_precision_share)
+    config = prefill_checkpoints(rng, config, checkpoint_share)
+    config = state_retention(rng, config, state_retention_share)
+    config = drafter_beside_states(rng, config, drafter_beside_states_share)
+    return shared_prefix_checkpoints(rng, config, shared_prefix_checkpoint_share)

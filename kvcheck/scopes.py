@@ -52,7 +52,10 @@ class Scope:
             self.block_sizes, self.layouts, self.caching, self.features
         ):
             groups = tuple(_group(kind, block_size, self.reach) for kind in LAYOUTS[layout])
-            config = _with_feature(TargetConfig(self.num_blocks, block_size, groups, caching), feature)
+            config = _with_feature(
+                TargetConfig(num_blocks=self.num_blocks, block_size=block_size, groups=groups, enable_caching=caching),
+                feature,
+            )
             if config is not None:
                 configs.append((config, feature))
         return configs
@@ -75,7 +78,7 @@ SCOPES = {
 
 
 def _group(kind: str, block_size: int, reach: int) -> GroupSpec:
-    return GroupSpec(kind) if kind == "full" else GroupSpec(kind, reach * block_size)
+    return GroupSpec(kind=kind) if kind == "full" else GroupSpec(kind=kind, window=reach * block_size)
 
 
 def _with_feature(config: TargetConfig, feature: str) -> TargetConfig | None:

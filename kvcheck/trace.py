@@ -19,10 +19,10 @@ from typing import Any
 import attrs
 
 from kvmodel.config import ConfigError, GroupSpec, TargetConfig, is_int
+from kvmodel.fields import declarations, is_required
 from kvmodel.limits import (
     MAX_DRAFT_TOKENS,
     MAX_EVICT_BLOCK_IDS,
-    MAX_GROUPS,
     MAX_NUM_BLOCKS,
     MAX_OPS,
     MAX_PROMPT_TOKENS,
@@ -175,91 +175,38 @@ class _Reader:
         return tuple(self.integer(item, f"{field}[{i}]", *bounds, step) for i, item in enumerate(value))
 
     def config(self, value: builtins.object) -> TargetConfig:
-        raw = self.object(value, "config")
-        required = {"num_blocks", "block_size", "enable_caching", "groups"}
-        optional = {
-            "use_eagle",
-            "num_lookahead_tokens",
-            "async_scheduling",
-            "defer_block_free",
-            "eagle_group_ids",
-            "num_hash_lookahead_tokens",
-            "num_prefill_lookahead",
-            "reserve_full_sequence",
-            "max_in_flight_tokens",
-            "reserved_blocks",
-            "watermark",
-            "enable_kv_cache_events",
-            "num_encoder_tokens",
-            "hash_block_size",
-            "prefix_cache_retention_interval",
-            "dcp_world_size",
-            "enable_mamba_shared_prefix_checkpoint",
-        }
-        self.keys(raw, required, optional, "config")
-        eagle_group_ids = raw.get("eagle_group_ids", [])
-        if not isinstance(eagle_group_ids, list):
-            raise self.fail(
-                f"expected a list of group indices, got {shown(eagle_group_ids)}", None, "config.eagle_group_ids"
-            )
-        if len(eagle_group_ids) > MAX_GROUPS:
-            raise self.fail(above(len(eagle_group_ids), MAX_GROUPS, "groups"), None, "config.eagle_group_ids")
-        groups_raw = raw["groups"]
-        if not isinstance(groups_raw, list):
-            raise self.fail(f"expected a list, got {shown(groups_raw)}", None, "config.groups")
-        if len(groups_raw) > MAX_GROUPS:
-            raise self.fail(above(len(groups_raw), MAX_GROUPS, "groups"), None, "config.groups")
-        groups = []
-        for index, group in enumerate(groups_raw):
-            field = f"config.groups[{index}]"
-            group = self.object(group, field)
-            optional = {
-                "window",
-                "speculative_blocks",
-                "block_size",
-                "dcp_replicated",
-                "kv_cache_dtype",
-                "prefill_checkpoint_alignment",
-            }
-            self.keys(group, {"kind"}, optional, field)
-            groups.append(
-                GroupSpec(
-                    group["kind"],
-                    group.get("window"),
-                    group.get("speculative_blocks", 0),
-                    group.get("block_size"),
-                    group.get("dcp_replicated", False),
-                    group.get("kv_cache_dtype", "auto"),
-                    group.get("prefill_checkpoint_alignment"),
-                )
-            )
-        config = TargetConfig(
-            num_blocks=raw["num_blocks"],
-            block_size=raw["block_size"],
-            groups=tuple(groups),
-            enable_caching=raw["enable_caching"],
-            use_eagle=raw.get("use_eagle", False),
-            num_lookahead_tokens=raw.get("num_lookahead_tokens", 0),
-            async_scheduling=raw.get("async_scheduling", False),
-            defer_block_free=raw.get("defer_block_free", False),
-            num_hash_lookahead_tokens=raw.get("num_hash_lookahead_tokens", 0),
-            num_prefill_lookahead=raw.get("num_prefill_lookahead", 0),
-            eagle_group_ids=tuple(eagle_group_ids),
-            reserve_full_sequence=raw.get("reserve_full_sequence", False),
-            max_in_flight_tokens=raw.get("max_in_flight_tokens"),
-            reserved_blocks=raw.get("reserved_blocks", 0),
-            watermark=raw.get("watermark", 0.0),
-            enable_kv_cache_events=raw.get("enable_kv_cache_events", False),
-            num_encoder_tokens=raw.get("num_encoder_tokens", 0),
-            hash_block_size=raw.get("hash_block_size"),
-            prefix_cache_retention_interval=raw.get("prefix_cache_retention_interval"),
-            dcp_world_size=raw.get("dcp_world_size", 1),
-            enable_mamba_shared_prefix_checkpoint=raw.get("enable_mamba_shared_prefix_checkpoint", False),
-        )
+        raw = self.declared(self.object(value, "config"), TargetConfig, "config")
+        config = TargetConfig(**raw)
         try:
             return config.validate()
         except ConfigError as exc:
             raise self.fail(exc.detail, None, f"config.{exc.field}") from None
+
+    def declared(self, raw: dict[str, Any], cls: type[Any], field: str) -> dict[str, Any]:
+        """The keyword arguments of ``cls`` that ``raw`` states: the keys its declared fields name (those
+        without a default required), the group specs read in turn; a value's range is the
+        configuration check's."""
+        attributes = list(declarations(cls))
+        required = {attribute.name for attribute, _ in attributes if is_required(attribute)}
+        self.keys(raw, required, {attribute.name for attribute, _ in attributes} - required, field)
+        kwargs: dict[str, Any] = {}
+        for attribute, declaration in attributes:
+            if attribute.name not in raw:
+                continue
+            item, name = raw[attribute.name], f"{field}.{attribute.name}"
+            if declaration.holds in ("groups", "group_ids"):
+                if not isinstance(item, list):
+                    what = "a list of group indices" if declaration.holds == "group_ids" else "a list"
+                    raise self.fail(f"expected {what}, got {shown(item)}", None, name)
+                if len(item) > declaration.maximum:
+                    raise self.fail(above(len(item), declaration.maximum, "groups"), None, name)
+            if declaration.holds == "groups":
+                item = tuple(
+                    GroupSpec(**self.declared(self.object(group, f"{name}[{index}]"), GroupSpec, f"{name}[{index}]"))
+                    for index, group in enumerate(item)
+                )
+            kwargs[attribute.name] = item
+        return kwargs
 
     def op(self, value: builtins.object, step: int) -> Operation:
         raw = self.object(value, "op", step)

@@ -34,6 +34,9 @@ MAX_GROUPS = 8
 MAX_DCP_WORLD_SIZE = 16
 """``config.dcp_world_size``: ranks a block's tokens are sharded over."""
 
+MAX_SPECULATIVE_BLOCKS = 8
+"""``config.groups[i].speculative_blocks``: the most a Mamba group reserves (vLLM reserves one per draft token)."""
+
 MAX_WINDOW_TOKENS = 1024 * 1024
 """``config.groups[i].window``: a sliding window or an attention chunk, in tokens."""
 

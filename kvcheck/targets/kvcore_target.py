@@ -8,6 +8,7 @@ from typing import Any
 import kvcore
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
 from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.fields import allocator_keywords
 from kvmodel.observation import CacheKey, Observation, block_keys
 from kvmodel.ops import GroupIds
 from kvmodel.semantics import Semantics
@@ -45,25 +46,16 @@ def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
 
 
 def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:
-    """The kvcore configuration of a target configuration."""
+    """The kvcore configuration of a target configuration: the fields kvcore takes by name
+    (:func:`~kvmodel.fields.allocator_keywords`) and the sizes and groups derived from the rest."""
     specs = [kvcore_spec(group, block_size) for group, block_size in zip(config.groups, config.spec_block_sizes)]
     return kvcore.KVCacheConfig(
-        config.num_blocks,
-        specs,
-        enable_caching=config.enable_caching,
-        use_eagle=config.use_eagle,
-        eagle_group_ids=config.eagle_group_ids,
-        num_prefill_lookahead=config.num_prefill_lookahead,
-        watermark=config.watermark,
-        max_in_flight_tokens=config.max_in_flight_tokens,
-        enable_kv_cache_events=config.enable_kv_cache_events,
+        groups=specs,
+        **allocator_keywords(config, "kvcore"),
         scheduler_block_size=config.scheduler_block_size,
         hash_block_size=config.hash_size,
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        dcp_world_size=config.dcp_world_size,
         dcp_replicated_group_ids=config.dcp_replicated_group_ids,
         kv_cache_dtypes=tuple(group.kv_cache_dtype for group in config.groups),
-        enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
     )
 
 

@@ -38,6 +38,7 @@ from kvcheck.targets.vllm_internals import (
 )
 from kvcheck.vllm_releases import UnsupportedRelease, semantics_for, semantics_in_force
 from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.fields import allocator_keywords
 from kvmodel.observation import CacheKey, Observation, block_keys
 from kvmodel.ops import GroupIds
 from kvmodel.semantics import KNOWN_VERSIONS, NEWEST, Semantics
@@ -251,24 +252,14 @@ def make_manager(
 
 
 def manager_for(config: TargetConfig) -> Any:
-    """The vLLM ``KVCacheManager`` a target configuration describes, as vLLM's engine builds it."""
+    """The vLLM ``KVCacheManager`` a target configuration describes, as vLLM's engine builds it: the
+    fields its manager takes by name (:func:`~kvmodel.fields.allocator_keywords`) and the derived sizes."""
     return make_manager(
         config.groups,
-        config.num_blocks,
-        config.spec_block_sizes,
-        config.enable_caching,
-        use_eagle=config.use_eagle,
-        eagle_group_ids=config.eagle_group_ids,
-        num_hash_lookahead_tokens=config.num_hash_lookahead_tokens,
-        num_prefill_lookahead=config.num_prefill_lookahead,
-        watermark=config.watermark,
-        max_in_flight_tokens=config.max_in_flight_tokens,
-        enable_kv_cache_events=config.enable_kv_cache_events,
+        block_size=config.spec_block_sizes,
+        **allocator_keywords(config, "vllm"),
         scheduler_block_size=config.scheduler_block_size,
         hash_block_size=config.hash_size,
-        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        dcp_world_size=config.dcp_world_size,
-        enable_mamba_shared_prefix_checkpoint=config.enable_mamba_shared_prefix_checkpoint,
     )
 
 

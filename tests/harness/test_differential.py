@@ -20,7 +20,7 @@ def test_kvcore_agrees_with_itself_over_a_swarm_run() -> None:
 
 def test_a_planted_fault_makes_the_targets_disagree_by_name() -> None:
     """kvcore against kvcore with the FIFO flip fails targets_agree on the free order, naming both sides."""
-    config = TargetConfig(4, 1, (GroupSpec("full"),), False)
+    config = TargetConfig(num_blocks=4, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=False)
     fifo = get_fault("fifo-reuse-when-caching-off").kvcore_target
     lockstep = Lockstep(lambda c: DifferentialTarget(c, [("kvcore", load_target("kvcore")), ("fifo", fifo)]), config)
     lockstep.step(AddRequest("r0", (0, 1)))

@@ -16,7 +16,10 @@ from kvcheck.trace import Trace
 from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.ops import AddRequest, Schedule
 
-TRACE = Trace(TargetConfig(4, 1, (GroupSpec("full"),), True), (AddRequest("a", (0, 1)), Schedule("a", 2, 0, 0)))
+TRACE = Trace(
+    TargetConfig(num_blocks=4, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=True),
+    (AddRequest("a", (0, 1)), Schedule("a", 2, 0, 0)),
+)
 
 
 def recording(vllm: str, free_order: list[int]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def test_the_fast_mode_drives_the_same_steps_and_keeps_every_invariant_on_kvcore
     assert (fast.runs, fast.steps) == (full.runs, full.steps)
 
 
-CACHING_OFF = TargetConfig(6, 1, (GroupSpec("full"),), False)
+CACHING_OFF = TargetConfig(num_blocks=6, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=False)
 
 
 def test_a_violation_between_full_checks_is_reported_at_its_own_step() -> None:

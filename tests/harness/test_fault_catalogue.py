@@ -24,11 +24,11 @@ from kvmodel.ops import (
     StartAsyncLoad,
 )
 
-FULL = GroupSpec("full")
+FULL = GroupSpec(kind="full")
 
 
 def one_group(num_blocks: int, block_size: int, group: GroupSpec = FULL, caching: bool = True) -> TargetConfig:
-    return TargetConfig(num_blocks, block_size, (group,), caching)
+    return TargetConfig(num_blocks=num_blocks, block_size=block_size, groups=(group,), enable_caching=caching)
 
 
 PRODUCER_STEPS: list[Operation] = [
@@ -41,14 +41,28 @@ PRODUCER_STEPS: list[Operation] = [
 at 4 and 6, and its third step writes the block holding the state cached at 6."""
 
 CHECKPOINTS_INSIDE_BLOCKS = TargetConfig(
-    32, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4, prefill_checkpoint_alignment=1)), True
+    num_blocks=32,
+    block_size=2,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4, prefill_checkpoint_alignment=1)),
+    enable_caching=True,
 )
 
-MIXED_DTYPES = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4, kv_cache_dtype="fp8")), True)
+MIXED_DTYPES = TargetConfig(
+    num_blocks=16,
+    block_size=2,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=4, kv_cache_dtype="fp8")),
+    enable_caching=True,
+)
 
 # Full attention holding a drafter beside align-mode Mamba states, 4-token blocks hashed every 2 tokens.
 DRAFTER_WITH_SUB_BLOCK_HITS = TargetConfig(
-    32, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True, use_eagle=True, eagle_group_ids=(0,), hash_block_size=2
+    num_blocks=32,
+    block_size=4,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+    enable_caching=True,
+    use_eagle=True,
+    eagle_group_ids=(0,),
+    hash_block_size=2,
 )
 
 SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
@@ -64,7 +78,9 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # in group 0 and block 10 (the current chunk's only block) in group 1, and
     # group 0's external block pops 10 before group 1 touches it.
     "interleaved-external-alloc": (
-        TargetConfig(11, 1, (FULL, GroupSpec("chunked_local", 4)), True),
+        TargetConfig(
+            num_blocks=11, block_size=1, groups=(FULL, GroupSpec(kind="chunked_local", window=4)), enable_caching=True
+        ),
         [
             AddRequest("r0", (0,) * 7),
             Schedule("r0", 5),
@@ -95,7 +111,9 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # its chunk; the same step reuses block 2 for group 1's next position, and
     # group 1's entry for [1] stays.
     "reused-block-leaves-map-entry": (
-        TargetConfig(4, 1, (FULL, GroupSpec("chunked_local", 1)), True),
+        TargetConfig(
+            num_blocks=4, block_size=1, groups=(FULL, GroupSpec(kind="chunked_local", window=1)), enable_caching=True
+        ),
         [AddRequest("r0", (1,)), Schedule("r0", 1), Schedule("r0", 1)],
         "cache_map_consistent",
     ),
@@ -114,7 +132,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Window 2: with 2 tokens loaded externally, the next token's window starts at
     # token 1, so position 0 is the null block and only two blocks are allocated.
     "sliding-window-skip-off-by-one": (
-        one_group(4, 1, GroupSpec("sliding_window", 2)),
+        one_group(4, 1, GroupSpec(kind="sliding_window", window=2)),
         [AddRequest("r0", (1, 2, 3)), Schedule("r0", 1, num_external_tokens=2)],
         "lru_eviction_when_caching_on",
     ),
@@ -122,13 +140,15 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # null-block hit): after 1 external token the next token starts chunk 2, so
     # position 0 is the null block and only one block is allocated.
     "chunked-local-skip-uses-last-token": (
-        one_group(4, 1, GroupSpec("chunked_local", 1), caching=False),
+        one_group(4, 1, GroupSpec(kind="chunked_local", window=1), caching=False),
         [AddRequest("r0", (1, 2)), Schedule("r0", 1, num_external_tokens=1)],
         "lifo_head_reuse_when_caching_off",
     ),
     # The chunked group accepts 1 token of null blocks, the full group nothing: the hit is 0.
     "hybrid-hit-takes-max": (
-        TargetConfig(5, 1, (FULL, GroupSpec("chunked_local", 1)), True),
+        TargetConfig(
+            num_blocks=5, block_size=1, groups=(FULL, GroupSpec(kind="chunked_local", window=1)), enable_caching=True
+        ),
         [AddRequest("r0", (1, 2)), Schedule("r0", 1)],
         "hit_is_sound_and_maximal",
     ),
@@ -138,7 +158,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # [2, 1] matched, the drop leaves block [2]. Matched without it, the run is [2, 1] alone and the
     # drop leaves a hit of 1 block whose window position holds the null block.
     "eagle-window-without-extra-block": (
-        TargetConfig(3, 1, (GroupSpec("sliding_window", 2),), True, use_eagle=True),
+        TargetConfig(
+            num_blocks=3,
+            block_size=1,
+            groups=(GroupSpec(kind="sliding_window", window=2),),
+            enable_caching=True,
+            use_eagle=True,
+        ),
         [AddRequest("r0", (2, 1)), Schedule("r0", 2), AddRequest("r1", (2, 1, 0)), Schedule("r1", 1)],
         "hit_is_sound_and_maximal",
     ),
@@ -146,7 +172,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # 2 blocks per group: refused. Sized without the lookahead it needs 1 per group, is admitted,
     # and the allocation runs out of blocks.
     "admission-ignores-lookahead": (
-        TargetConfig(3, 2, (FULL, FULL), True, num_lookahead_tokens=3),
+        TargetConfig(num_blocks=3, block_size=2, groups=(FULL, FULL), enable_caching=True, num_lookahead_tokens=3),
         [AddRequest("r0", (0,)), Schedule("r0", 1)],
         "target_raised",
     ),
@@ -161,7 +187,9 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # A 2-module drafter may prefill r0's last token again: of its 4 tokens (2 blocks of 2) only
     # the first block is final, and only it may be cached.
     "reprefillable-tokens-cached": (
-        TargetConfig(6, 2, (FULL,), True, use_eagle=True, num_prefill_lookahead=2),
+        TargetConfig(
+            num_blocks=6, block_size=2, groups=(FULL,), enable_caching=True, use_eagle=True, num_prefill_lookahead=2
+        ),
         [AddRequest("r0", (0, 1, 2, 3)), Schedule("r0", 4)],
         "cache_matches_model",
     ),
@@ -169,14 +197,27 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # is scheduled. Processed, nothing has left the window; on the scheduled count blocks 1 and 2
     # have, and go back to the pool while the step in flight reads them.
     "window-slides-on-scheduled-tokens": (
-        TargetConfig(8, 1, (GroupSpec("sliding_window", 2),), True, async_scheduling=True),
+        TargetConfig(
+            num_blocks=8,
+            block_size=1,
+            groups=(GroupSpec(kind="sliding_window", window=2),),
+            enable_caching=True,
+            async_scheduling=True,
+        ),
         [AddRequest("r0", (0, 1, 2, 3, 4)), Schedule("r0", 3), Schedule("r0", 1)],
         "in_flight_blocks_held",
     ),
     # Deferred frees: r0 finishes while its step is in flight, so its blocks are popped, in table
     # order [1, 2]; tail first they come out as [2, 1].
     "deferred-free-in-eviction-order": (
-        TargetConfig(4, 1, (FULL,), True, async_scheduling=True, defer_block_free=True),
+        TargetConfig(
+            num_blocks=4,
+            block_size=1,
+            groups=(FULL,),
+            enable_caching=True,
+            async_scheduling=True,
+            defer_block_free=True,
+        ),
         [AddRequest("r0", (0, 1)), Schedule("r0", 2), Finish("r0")],
         "tables_match_model",
     ),
@@ -192,7 +233,12 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # it is refused; a cap one block short admits it.
     "window-admission-cap-one-block-short": (
         TargetConfig(
-            15, 2, (FULL, GroupSpec("sliding_window", 8)), True, reserve_full_sequence=True, max_in_flight_tokens=2
+            num_blocks=15,
+            block_size=2,
+            groups=(FULL, GroupSpec(kind="sliding_window", window=8)),
+            enable_caching=True,
+            reserve_full_sequence=True,
+            max_in_flight_tokens=2,
         ),
         [AddRequest("r0", (0,) * 17), Schedule("r0", 1)],
         "admission_matches_model",
@@ -206,20 +252,26 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # chunk; the same step reuses block 2 for the next position: its entry goes, reported by no
     # BlockRemoved, and the stream still holds it.
     "evicted-block-removal-unreported": (
-        TargetConfig(4, 1, (FULL, GroupSpec("chunked_local", 1)), True, enable_kv_cache_events=True),
+        TargetConfig(
+            num_blocks=4,
+            block_size=1,
+            groups=(FULL, GroupSpec(kind="chunked_local", window=1)),
+            enable_caching=True,
+            enable_kv_cache_events=True,
+        ),
         [AddRequest("r0", (1,)), Schedule("r0", 1), Schedule("r0", 1)],
         "events_match_cache",
     ),
     # The second step caches r0's block 2 ([1, 2]); its BlockStored lists block 1 ([1]), cached by the
     # first step, as well: the stream holds [1] twice, the cache once.
     "stored-event-repeats-cached-blocks": (
-        TargetConfig(3, 1, (FULL,), True, enable_kv_cache_events=True),
+        TargetConfig(num_blocks=3, block_size=1, groups=(FULL,), enable_caching=True, enable_kv_cache_events=True),
         [AddRequest("r0", (1, 2)), Schedule("r0", 1), Schedule("r0", 1)],
         "events_match_cache",
     ),
     # r0's cached block [1] is free when the reset empties the cache; no AllBlocksCleared says so.
     "reset-unreported": (
-        TargetConfig(2, 1, (FULL,), True, enable_kv_cache_events=True),
+        TargetConfig(num_blocks=2, block_size=1, groups=(FULL,), enable_caching=True, enable_kv_cache_events=True),
         [AddRequest("r0", (1,)), Schedule("r0", 1), Finish("r0"), ResetPrefixCache()],
         "events_match_cache",
     ),
@@ -227,20 +279,26 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # window (1 token) starts at token 4, in block 2: the gap [2, 2) is empty, but rounded down it
     # starts at block 1 and frees the prompt's last block.
     "rswa-gap-starts-inside-the-prompt": (
-        one_group(12, 2, GroupSpec("rswa", 1), caching=False),
+        one_group(12, 2, GroupSpec(kind="rswa", window=1), caching=False),
         [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Schedule("r0", 1), Schedule("r0", 1), Schedule("r0", 1)],
         "rswa_keeps_the_prompt",
     ),
     # Two tokens: the ring takes a block for each, as full attention would.
     "ring-grows-like-full-attention": (
-        TargetConfig(8, 1, (FULL, GroupSpec("ring")), False),
+        TargetConfig(num_blocks=8, block_size=1, groups=(FULL, GroupSpec(kind="ring")), enable_caching=False),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2)],
         "ring_holds_one_block",
     ),
     # r0 holds 2 decoder blocks and 1 encoder block, 2 blocks stay free; its decode step needs one,
     # but counting cross-attention for the decoder's 3 tokens asks 2 more.
     "cross-attention-counted-by-decoder-tokens": (
-        TargetConfig(6, 1, (FULL, GroupSpec("cross_attention")), False, num_encoder_tokens=1),
+        TargetConfig(
+            num_blocks=6,
+            block_size=1,
+            groups=(FULL, GroupSpec(kind="cross_attention")),
+            enable_caching=False,
+            num_encoder_tokens=1,
+        ),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), Schedule("r0", 1)],
         "admission_matches_model",
     ),
@@ -248,7 +306,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # both tokens as skipped frees that block too, and the new position takes it back from the
     # free queue's head instead of block 1.
     "mamba-frees-the-last-state": (
-        one_group(8, 1, GroupSpec("mamba"), caching=False),
+        one_group(8, 1, GroupSpec(kind="mamba"), caching=False),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), Schedule("r0", 1)],
         "lifo_head_reuse_when_caching_off",
     ),
@@ -257,7 +315,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # drafter's group, MLA caches 1 block too.
     "mla-looked-up-with-full-attention": (
         TargetConfig(
-            9, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, num_prefill_lookahead=2, eagle_group_ids=(1,)
+            num_blocks=9,
+            block_size=2,
+            groups=(GroupSpec(kind="mla"), FULL),
+            enable_caching=True,
+            use_eagle=True,
+            num_prefill_lookahead=2,
+            eagle_group_ids=(1,),
         ),
         [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 4)],
         "cache_matches_model",
@@ -265,14 +329,14 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # A 2-token window over 1-token blocks: once 3 tokens are computed, block 1 (token 0) leaves the
     # window and heads the free queue; managed as MLA, it stays in the table.
     "sliding-window-mla-managed-as-mla": (
-        one_group(6, 1, GroupSpec("sliding_window_mla", 2), caching=False),
+        one_group(6, 1, GroupSpec(kind="sliding_window_mla", window=2), caching=False),
         [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Schedule("r0", 1)],
         "lifo_head_reuse_when_caching_off",
     ),
     # A 3-token prefill needs 3 blocks and 1 speculative block, one more than the 3 free blocks;
     # counted without the speculative block it is admitted, and the allocation runs out of blocks.
     "mamba-speculative-blocks-not-counted": (
-        one_group(4, 1, GroupSpec("mamba", speculative_blocks=1), caching=False),
+        one_group(4, 1, GroupSpec(kind="mamba", speculative_blocks=1), caching=False),
         [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3)],
         "target_raised",
     ),
@@ -281,7 +345,12 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # to the 2-token hashes, the window takes 6 and full attention the shared block of tokens 5..8,
     # into which the request writes its own tokens 7 and 8.
     "hits-aligned-to-the-hash-size": (
-        TargetConfig(16, 2, (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 4)), True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full", block_size=4), GroupSpec(kind="sliding_window", window=4)),
+            enable_caching=True,
+        ),
         [
             AddRequest("r0", (1, 2, 3, 4, 5, 6, 7, 8)),
             Schedule("r0", 8),
@@ -295,21 +364,32 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Two 2-token full-attention groups hashing every token: the 2-token prompt's boundary after token 1
     # is entered beside block 2's own key; evicting the block leaves that entry behind.
     "partial-key-outlives-eviction": (
-        TargetConfig(3, 2, (FULL, FULL), True, hash_block_size=1),
+        TargetConfig(num_blocks=3, block_size=2, groups=(FULL, FULL), enable_caching=True, hash_block_size=1),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2), EvictBlocks((2,))],
         "cache_map_consistent",
     ),
     # Full attention in 2-token blocks, a 2-token window in 1-token blocks: a hit on a 2-token boundary
     # needs the window's block before it only, so block 0 of the window is not cached.
     "sliding-window-caches-unreachable-blocks": (
-        TargetConfig(4, 1, (GroupSpec("full", block_size=2), GroupSpec("sliding_window", 2)), True),
+        TargetConfig(
+            num_blocks=4,
+            block_size=1,
+            groups=(GroupSpec(kind="full", block_size=2), GroupSpec(kind="sliding_window", window=2)),
+            enable_caching=True,
+        ),
         [AddRequest("r0", (0, 0)), Schedule("r0", 2)],
         "cache_matches_model",
     ),
     # A 2-token window under a retention interval of 0 keeps only the block before the replay boundary
     # (token 1 of a 2-token prompt): block 0.
     "retention-drops-the-replay-boundary": (
-        TargetConfig(4, 1, (GroupSpec("sliding_window", 2),), True, prefix_cache_retention_interval=0),
+        TargetConfig(
+            num_blocks=4,
+            block_size=1,
+            groups=(GroupSpec(kind="sliding_window", window=2),),
+            enable_caching=True,
+            prefix_cache_retention_interval=0,
+        ),
         [AddRequest("r0", (0, 1)), Schedule("r0", 2)],
         "cache_matches_model",
     ),
@@ -317,14 +397,26 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # sharing token 1, misses; the lookup found the 1-token prefix in full attention, and r1's window
     # keeps its block 0 for it.
     "shared-prefix-boundary-dropped": (
-        TargetConfig(13, 1, (FULL, GroupSpec("sliding_window", 2)), True, prefix_cache_retention_interval=0),
+        TargetConfig(
+            num_blocks=13,
+            block_size=1,
+            groups=(FULL, GroupSpec(kind="sliding_window", window=2)),
+            enable_caching=True,
+            prefix_cache_retention_interval=0,
+        ),
         [AddRequest("r0", (1, 2, 3)), Schedule("r0", 3), AddRequest("r1", (1, 9, 9)), Schedule("r1", 3)],
         "cache_matches_model",
     ),
     # Over 2 DCP ranks, full attention in blocks of 2 x 2 tokens beside a draft model's replicated
     # 2-token blocks: a 3-token prompt needs 2 replicated blocks, the fault gives 1.
     "replicated-group-sharded": (
-        TargetConfig(8, 2, (FULL, GroupSpec("full", dcp_replicated=True)), True, dcp_world_size=2),
+        TargetConfig(
+            num_blocks=8,
+            block_size=2,
+            groups=(FULL, GroupSpec(kind="full", dcp_replicated=True)),
+            enable_caching=True,
+            dcp_world_size=2,
+        ),
         [AddRequest("r0", (0, 0, 0)), Schedule("r0", 3)],
         "scheduled_slots_have_blocks",
     ),
@@ -332,7 +424,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # skipped, so block 0 leaves the window; counted in 1-token blocks, block 1 (tokens 2 and 3) too,
     # and the next step's new block reuses it instead of block 0.
     "window-frees-by-rank-blocks": (
-        TargetConfig(8, 1, (GroupSpec("sliding_window", 2),), False, dcp_world_size=2),
+        TargetConfig(
+            num_blocks=8,
+            block_size=1,
+            groups=(GroupSpec(kind="sliding_window", window=2),),
+            enable_caching=False,
+            dcp_world_size=2,
+        ),
         [AddRequest("r0", (0, 1, 2, 3)), Schedule("r0", 4), Schedule("r0", 1)],
         "lifo_head_reuse_when_caching_off",
     ),
@@ -340,7 +438,7 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # positions before it are null, never cached): the resend hits 8 tokens there; a left-to-right
     # search ends at position 0 and finds nothing.
     "mamba-state-search-stops-at-first-miss": (
-        TargetConfig(12, 2, (GroupSpec("mamba_align"),), True),
+        TargetConfig(num_blocks=12, block_size=2, groups=(GroupSpec(kind="mamba_align"),), enable_caching=True),
         [
             AddRequest("r0", tuple(range(9))),
             Schedule("r0", 8),
@@ -352,40 +450,66 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     ),
     # The 8-token chunk takes one block (3 are free); counting the 3 null positions before it asks for 4.
     "mamba-align-counts-the-padding": (
-        TargetConfig(4, 2, (GroupSpec("mamba_align"),), True),
+        TargetConfig(num_blocks=4, block_size=2, groups=(GroupSpec(kind="mamba_align"),), enable_caching=True),
         [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
         "admission_matches_model",
     ),
     # The 8-token chunk takes its state and 2 speculative blocks, 3 blocks where 2 are free: counted as
     # one block, it is admitted and the allocation runs dry.
     "mamba-align-speculative-blocks-not-counted": (
-        TargetConfig(3, 2, (GroupSpec("mamba_align", speculative_blocks=2),), True),
+        TargetConfig(
+            num_blocks=3,
+            block_size=2,
+            groups=(GroupSpec(kind="mamba_align", speculative_blocks=2),),
+            enable_caching=True,
+        ),
         [AddRequest("r0", tuple(range(9))), Schedule("r0", 8)],
         "target_raised",
     ),
     # A drafter's 2 lookahead slots beside 2-token Mamba blocks: r0's 3-token step saves its state in the
     # block of token 3 (position 1), but a table grown to 5 slots padded that position with the null block.
     "mamba-align-allocates-lookahead-slots": (
-        TargetConfig(6, 2, (GroupSpec("mamba_align"),), True, num_lookahead_tokens=2),
+        TargetConfig(
+            num_blocks=6,
+            block_size=2,
+            groups=(GroupSpec(kind="mamba_align"),),
+            enable_caching=True,
+            num_lookahead_tokens=2,
+        ),
         [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 3)],
         "mamba_align_keeps_few_states",
     ),
     # Full attention and Mamba states in 4-token blocks, hashed every 2 tokens: r0's chunks stop at its
     # prompt's last hash boundary, 6, where its state is cached inside block 1, and r1 hits it there.
     "partial-hit-not-copied": (
-        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        ),
         [*PRODUCER_STEPS, Finish("r0"), AddRequest("r1", (1, 2, 3, 4, 5, 6, 9, 9, 9)), Schedule("r1", 9)],
         "hit_block_never_written",
     ),
     # r0's third step computes token 7 into the block holding its state at 6: the copy the cache keeps
     # takes a block, and one is free beside full attention's.
     "copy-block-not-counted": (
-        TargetConfig(6, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        TargetConfig(
+            num_blocks=6,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        ),
         PRODUCER_STEPS,
         "target_raised",
     ),
     "state-entry-left-on-written-block": (
-        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        ),
         PRODUCER_STEPS,
         "lru_eviction_when_caching_on",
     ),
@@ -413,7 +537,12 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # A 10-token prompt in one chunk keeps the state after 8 tokens in position 1: the block it takes
     # there (1) is handed out before the last state's (2); left null, the state takes block 1.
     "checkpoint-block-left-null": (
-        TargetConfig(16, 4, (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),), True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=4,
+            groups=(GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1),),
+            enable_caching=True,
+        ),
         [AddRequest("a", tuple(range(10))), Schedule("a", 10)],
         "lru_eviction_when_caching_on",
     ),
@@ -427,7 +556,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # Under an interval of 0 a 12-token prompt keeps only its replay boundary's state (after 10 tokens): a
     # first chunk of 4 caches no state; caching every state, the state after 4 is one entry too many.
     "retention-caches-every-state": (
-        TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True, prefix_cache_retention_interval=0),
+        TargetConfig(
+            num_blocks=32,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+            enable_caching=True,
+            prefix_cache_retention_interval=0,
+        ),
         [AddRequest("a", tuple(range(12))), Schedule("a", 4)],
         "cache_matches_model",
     ),
@@ -435,10 +570,10 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # stays null); reserving one, the chunk takes a block more (1, 2 where 0, 1 is due).
     "checkpoint-before-the-prefill-end": (
         TargetConfig(
-            16,
-            4,
-            (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),),
-            True,
+            num_blocks=16,
+            block_size=4,
+            groups=(GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1),),
+            enable_caching=True,
             prefix_cache_retention_interval=0,
         ),
         [AddRequest("a", tuple(range(14))), Schedule("a", 8)],
@@ -448,10 +583,10 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # boundary below the last one, 10); kept short of the last token instead, it is cached after 10.
     "checkpoint-ignores-the-eagle-drop": (
         TargetConfig(
-            32,
-            2,
-            (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1)),
-            True,
+            num_blocks=32,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1)),
+            enable_caching=True,
             use_eagle=True,
             eagle_group_ids=(0,),
         ),
@@ -491,7 +626,11 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # a block, and b, sharing 6 tokens, hits there inside R-SWA's block 1; probing whole blocks only, 4.
     "rswa-hits-stop-at-whole-blocks": (
         TargetConfig(
-            32, 2, (GroupSpec("rswa", 3, block_size=4), GroupSpec("mamba_align", block_size=4)), True, hash_block_size=2
+            num_blocks=32,
+            block_size=2,
+            groups=(GroupSpec(kind="rswa", window=3, block_size=4), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+            hash_block_size=2,
         ),
         [*PRODUCER_STEPS, Finish("r0"), AddRequest("b", (1, 2, 3, 4, 5, 6, 9, 9, 9)), Schedule("b", 9)],
         "hit_is_sound_and_maximal",
@@ -501,10 +640,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # that size needs, none of a's first 7 tokens; asked for hits on the hash size, it caches block 0.
     "sub-block-hits-beside-a-window-hashed-finer": (
         TargetConfig(
-            32,
-            2,
-            (GroupSpec("sliding_window", 3, block_size=4), GroupSpec("mamba_align", block_size=4)),
-            True,
+            num_blocks=32,
+            block_size=2,
+            groups=(
+                GroupSpec(kind="sliding_window", window=3, block_size=4),
+                GroupSpec(kind="mamba_align", block_size=4),
+            ),
+            enable_caching=True,
             hash_block_size=2,
             prefix_cache_retention_interval=0,
         ),
@@ -517,7 +659,13 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # state and that block are cached.  Asked for by the one-rank rule, sub-block hits are off: the
     # second chunk runs to the prompt's end and nothing past 4 is cached.
     "sub-block-hits-off-under-dcp-at-equal-sizes": (
-        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True, dcp_world_size=2),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+            enable_caching=True,
+            dcp_world_size=2,
+        ),
         [AddRequest("a", tuple(range(7))), Schedule("a", 4), Schedule("a", 3)],
         "cache_matches_model",
     ),
@@ -534,7 +682,12 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # block for the cache and offers a connector the copy.  Offering the block r0 goes on writing instead,
     # the connector would offload that step's state under the key of 6 tokens.
     "state-offered-from-its-written-block": (
-        TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        ),
         PRODUCER_STEPS,
         "state_offloads_well_formed",
     ),
@@ -542,14 +695,25 @@ SEQUENCES: dict[str, tuple[TargetConfig, list[Operation], str]] = {
     # step still in flight, and finishes: the step in flight may write past the state, so nothing is
     # offered.  Offering the block anyway, the connector would offload a later token's state.
     "finished-tail-offered-after-later-tokens": (
-        TargetConfig(3, 3, (GroupSpec("full"), GroupSpec("mamba_align", block_size=6)), True, async_scheduling=True),
+        TargetConfig(
+            num_blocks=3,
+            block_size=3,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=6)),
+            enable_caching=True,
+            async_scheduling=True,
+        ),
         [AddRequest("r0", (0, 0, 0, 0)), Schedule("r0", 3), Finish("r0")],
         "state_offloads_well_formed",
     ),
     # a caches its state after 4 tokens; b, sharing those 4 and scheduled in the same step, must wait for
     # the next step (refused); hitting it at once, b is admitted.
     "state-hit-in-the-step-that-caches-it": (
-        TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True),
+        TargetConfig(
+            num_blocks=32,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+            enable_caching=True,
+        ),
         [
             AddRequest("a", tuple(range(8))),
             Schedule("a", 4),

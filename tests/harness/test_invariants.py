@@ -15,7 +15,12 @@ from kvmodel.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, ch
 from kvmodel.observation import ClearedEvent, RemovedEvent
 from kvmodel.ops import AddRequest, Finish, Schedule, SpecDecode
 
-CACHING = TargetConfig(10, 1, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
+CACHING = TargetConfig(
+    num_blocks=10,
+    block_size=1,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=3)),
+    enable_caching=True,
+)
 EVENTS = attrs.evolve(CACHING, enable_kv_cache_events=True)
 
 
@@ -84,7 +89,7 @@ def block_freed(check: StepCheck, request_id: str, group: int, position: int) ->
 def breakages() -> dict[str, Callable[[], StepCheck]]:
     """For each invariant, a step that breaks it and nothing checked before it."""
     base = two_requests_sharing_a_prefix
-    caching_off = TargetConfig(6, 1, (GroupSpec("full"),), False)
+    caching_off = TargetConfig(num_blocks=6, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=False)
 
     def duplicate() -> StepCheck:
         check = base()
@@ -120,7 +125,8 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
 
     def leaky_refusal() -> StepCheck:
         check = checked_step(
-            TargetConfig(4, 1, (GroupSpec("full"),), True), [AddRequest("a", (0,) * 8), Schedule("a", 8, 0, 0)]
+            TargetConfig(num_blocks=4, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=True),
+            [AddRequest("a", (0,) * 8), Schedule("a", 8, 0, 0)],
         )
         assert check.sut_result.admitted is False
         # The refused request kept a block: consistent in itself, but not what the model says.
@@ -193,19 +199,29 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         return with_sut(check, events=(head, tail, *rest))
 
     def second_ring_block() -> StepCheck:
-        config = TargetConfig(8, 1, (GroupSpec("full"), GroupSpec("ring")), False)
+        config = TargetConfig(
+            num_blocks=8, block_size=1, groups=(GroupSpec(kind="full"), GroupSpec(kind="ring")), enable_caching=False
+        )
         check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
         assert len(check.sut.tables["a"][1]) == 1
         return grown_by_a_free_block(check, "a", 1)
 
     def extra_encoder_block() -> StepCheck:
-        config = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("cross_attention")), False, num_encoder_tokens=3)
+        config = TargetConfig(
+            num_blocks=8,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="cross_attention")),
+            enable_caching=False,
+            num_encoder_tokens=3,
+        )
         check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
         assert len(check.sut.tables["a"][1]) == 2
         return grown_by_a_free_block(check, "a", 1)
 
     def gap_inside_the_prompt() -> StepCheck:
-        config = TargetConfig(12, 1, (GroupSpec("rswa", 1),), False)
+        config = TargetConfig(
+            num_blocks=12, block_size=1, groups=(GroupSpec(kind="rswa", window=1),), enable_caching=False
+        )
         decode = [Schedule("a", 1, 0, 0)] * 3
         check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0), *decode])
         table = check.sut.tables["a"][0]
@@ -214,13 +230,23 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         return table_of(check, "a", 0, (table[0], table[1], 0, table[2], *table[4:]))
 
     def state_block_freed_inside() -> StepCheck:
-        config = TargetConfig(8, 1, (GroupSpec("full"), GroupSpec("mamba", speculative_blocks=1)), False)
+        config = TargetConfig(
+            num_blocks=8,
+            block_size=1,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba", speculative_blocks=1)),
+            enable_caching=False,
+        )
         check = checked_step(config, [AddRequest("a", (0, 1, 2)), Schedule("a", 3, 0, 0)])
         assert len(check.sut.tables["a"][1]) == 4 and 0 not in check.sut.tables["a"][1]
         return block_freed(check, "a", 1, 1)
 
     def padding_given_blocks() -> StepCheck:
-        config = TargetConfig(12, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+        config = TargetConfig(
+            num_blocks=12,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+            enable_caching=True,
+        )
         check = checked_step(config, [AddRequest("a", tuple(range(9))), Schedule("a", 8, 0, 0)])
         table = check.sut.tables["a"][1]
         assert table[:3] == (0, 0, 0) and table[3] != 0
@@ -238,7 +264,12 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
     def hit_ending_inside_a_block() -> StepCheck:
         # Full attention in 4-token blocks beside a window in 2-token blocks: b's 8-token hit, reported
         # as 6 tokens, ends inside the block of tokens 5-8, which b's table keeps.
-        config = TargetConfig(16, 2, (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 4)), True)
+        config = TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full", block_size=4), GroupSpec(kind="sliding_window", window=4)),
+            enable_caching=True,
+        )
         check = checked_step(
             config,
             [
@@ -255,7 +286,12 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         # Full attention in 2-token blocks beside Mamba states in 4-token blocks, hashed every 2 tokens:
         # b's 6-token hit ends inside the state block 7, copied into block 6, which b's table holds;
         # reported as copied into block 8 instead.
-        config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+        config = TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        )
         prompt = (1, 2, 3, 4, 5, 6, 7)
         check = checked_step(
             config,
@@ -274,7 +310,12 @@ def breakages() -> dict[str, Callable[[], StepCheck]]:
         # a caches its state after 6 tokens inside Mamba's 4-token block 5; its third step copies block 5
         # into block 7 for the cache and offers block 7; reported as offering block 5, which a goes on
         # writing.
-        config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+        config = TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+            enable_caching=True,
+        )
         check = checked_step(config, [AddRequest("a", (1, 2, 3, 4, 5, 6, 7)), *[Schedule("a", 7, 0, 0)] * 3])
         assert check.sut_result.block_copies == ((5, 7),)
         assert check.sut_result.state_offloads == (("a", 1, 7, 6),)
@@ -323,7 +364,12 @@ def sub_block_hit_step(finish_first: bool = True) -> StepCheck:
     Mamba group: the cache needs zeroing): a computes 7 tokens, then b's 6-token hit (full attention's
     blocks 1, 2, 4; state block 7, copied into block 6) takes new block 5 for full attention, the one
     block handed over for zeroing.  With ``finish_first`` false, a still holds its blocks."""
-    config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True)
+    config = TargetConfig(
+        num_blocks=16,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+        enable_caching=True,
+    )
     prompt = (1, 2, 3, 4, 5, 6, 7)
     return checked_step(
         config,
@@ -351,7 +397,7 @@ def states_after_rejected_drafts() -> StepCheck:
     """One align-mode Mamba group in 1-token blocks: a's speculative steps of 3 drafts (2 accepted), then 1
     (none accepted), then 1 (accepted).  Each step's table ends where its drafts end; the allocator frees a
     recorded state only once the processed tokens pass it, so three states wait."""
-    config = TargetConfig(8, 1, (GroupSpec("mamba_align"),), True)
+    config = TargetConfig(num_blocks=8, block_size=1, groups=(GroupSpec(kind="mamba_align"),), enable_caching=True)
     ops = [AddRequest("a", (0,)), Schedule("a", 1, 0, 0), SpecDecode("a", 3, 2, 0)]
     return checked_step(config, [*ops, SpecDecode("a", 1, 0, 0), SpecDecode("a", 1, 1, 0)])
 
@@ -488,8 +534,8 @@ def checkpoint_hit_at_its_boundary(checkpoint_alignment: int | None) -> StepChec
     11-token prefill keeps its checkpoint (the state after 8 tokens) at position 4, the block before its
     last state's; b, sharing 8 tokens while a still runs, hits it and holds it at position 3, the
     8-token boundary's.  ``checkpoint_alignment`` is the Mamba group's prefill checkpoint alignment."""
-    groups = (GroupSpec("full", block_size=4), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
-    config = TargetConfig(32, 2, groups, True, hash_block_size=2)
+    groups = (GroupSpec(kind="full", block_size=4), GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1))
+    config = TargetConfig(num_blocks=32, block_size=2, groups=groups, enable_caching=True, hash_block_size=2)
     check = checked_step(
         config,
         [

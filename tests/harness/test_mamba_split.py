@@ -8,7 +8,9 @@ from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.ops import Schedule
 from kvmodel.step_plans import ScheduleAmounts, split_at_mamba_states
 
-CONFIG = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+CONFIG = TargetConfig(
+    num_blocks=16, block_size=4, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")), enable_caching=True
+)
 
 
 def chunk(start: int, num_new_tokens: int, num_tokens: int = 10, junction: int = 0, prompt: int = 10) -> int:
@@ -48,7 +50,12 @@ def test_decode_and_resumed_output_are_not_split() -> None:
     assert chunk(0, 20, num_tokens=14) == 12
 
 
-CHECKPOINTS = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1)), True)
+CHECKPOINTS = TargetConfig(
+    num_blocks=16,
+    block_size=4,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1)),
+    enable_caching=True,
+)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +88,7 @@ def test_a_checkpoint_off_the_backends_alignment_is_not_exported(alignment: int,
     """The checkpoint at 8 lies 8 tokens past a chunk starting at 0: a backend exporting states every 1,
     2, 4 or 8 tokens exports it and the chunk runs on to the prefill's end; one exporting every 3 or 5
     tokens does not, and the chunk stops at the last cacheable boundary, as without checkpoints."""
-    groups = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=alignment))
-    config = TargetConfig(16, 4, groups, True)
+    groups = (GroupSpec(kind="full"), GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=alignment))
+    config = TargetConfig(num_blocks=16, block_size=4, groups=groups, enable_caching=True)
     amounts = split_at_mamba_states(ScheduleAmounts(10, 0), Schedule("r", 20), 0, 10, 10, 0, config)
     assert amounts.num_new_tokens == expected

@@ -11,7 +11,9 @@ from kvcheck.targets import load_target
 from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule
 
-ASYNC = TargetConfig(8, 1, (GroupSpec("full"),), True, async_scheduling=True)
+ASYNC = TargetConfig(
+    num_blocks=8, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=True, async_scheduling=True
+)
 
 
 def lockstep(config: TargetConfig = ASYNC) -> Lockstep:
@@ -70,7 +72,16 @@ def test_output_of_a_preempted_request_is_appended_but_stale() -> None:
 def test_a_deferred_free_holds_the_blocks_until_the_fenced_step_is_processed() -> None:
     """With deferred frees, finishing a request whose step is in flight pops its blocks; they return
     to the pool, tail first, only when that step's output is processed."""
-    run = lockstep(TargetConfig(8, 1, (GroupSpec("full"),), True, async_scheduling=True, defer_block_free=True))
+    run = lockstep(
+        TargetConfig(
+            num_blocks=8,
+            block_size=1,
+            groups=(GroupSpec(kind="full"),),
+            enable_caching=True,
+            async_scheduling=True,
+            defer_block_free=True,
+        )
+    )
     run.step(AddRequest("r0", (0, 1, 2)))
     run.step(Schedule("r0", 3))
     free_before = list(run.model.pool.free_order)

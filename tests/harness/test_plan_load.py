@@ -11,12 +11,20 @@ from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.ops import Schedule
 from kvmodel.step_plans import ends_inside_state_blocks, plan_load, plan_step
 
-FULL = TargetConfig(16, 2, (GroupSpec("full"),), True).validate()
+FULL = TargetConfig(num_blocks=16, block_size=2, groups=(GroupSpec(kind="full"),), enable_caching=True).validate()
 # Mamba states in 4-token blocks hashed every 2 tokens: sub-block hits, a scheduler block of 4.
-STATES = TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align", block_size=4)), True).validate()
+STATES = TargetConfig(
+    num_blocks=32,
+    block_size=2,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4)),
+    enable_caching=True,
+).validate()
 # Two align-mode groups of 2- and 3-token blocks: a load must end inside a block of each.
 TWO_SIZES = TargetConfig(
-    32, 1, (GroupSpec("mamba_align", block_size=2), GroupSpec("mamba_align", block_size=3)), True
+    num_blocks=32,
+    block_size=1,
+    groups=(GroupSpec(kind="mamba_align", block_size=2), GroupSpec(kind="mamba_align", block_size=3)),
+    enable_caching=True,
 ).validate()
 
 

@@ -8,7 +8,12 @@ from kvcheck.swarm import Failure
 from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.ops import AddRequest, Schedule, SpecDecode
 
-RING_AND_CHUNK = TargetConfig(10, 1, (GroupSpec("ring"), GroupSpec("chunked_local", 6)), True)
+RING_AND_CHUNK = TargetConfig(
+    num_blocks=10,
+    block_size=1,
+    groups=(GroupSpec(kind="ring"), GroupSpec(kind="chunked_local", window=6)),
+    enable_caching=True,
+)
 GROWN_ONE_TOKEN_AT_A_TIME = (
     AddRequest("r0", (0,)),
     Schedule("r0", 1),
@@ -36,7 +41,7 @@ def test_steps_that_only_held_blocks_go_with_as_many_blocks_of_the_pool() -> Non
     """Dropping decode steps alone leaves free blocks the failure needed gone; dropped with as many
     blocks of the pool, the failure stays."""
     make_target = resolve_target("kvcore", "interleaved-external-alloc")
-    bigger = TargetConfig(13, 1, RING_AND_CHUNK.groups, True)
+    bigger = TargetConfig(num_blocks=13, block_size=1, groups=RING_AND_CHUNK.groups, enable_caching=True)
     ops = (
         AddRequest("r0", (0,) * 6),
         Schedule("r0", 6),

@@ -371,10 +371,42 @@ def test_a_value_at_its_limit_is_accepted(change: Callable[[dict[str, Any]], obj
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        (TargetConfig(limits.MAX_NUM_BLOCKS + 1, 1, (GroupSpec("full"),), True), "num_blocks"),
-        (TargetConfig(4, limits.MAX_BLOCK_SIZE + 1, (GroupSpec("full"),), True), "block_size"),
-        (TargetConfig(4, 1, (GroupSpec("full"),) * (limits.MAX_GROUPS + 1), True), "groups"),
-        (TargetConfig(4, 1, (GroupSpec("chunked_local", limits.MAX_WINDOW_TOKENS + 1),), True), "groups[0].window"),
+        (
+            TargetConfig(
+                num_blocks=limits.MAX_NUM_BLOCKS + 1,
+                block_size=1,
+                groups=(GroupSpec(kind="full"),),
+                enable_caching=True,
+            ),
+            "num_blocks",
+        ),
+        (
+            TargetConfig(
+                num_blocks=4,
+                block_size=limits.MAX_BLOCK_SIZE + 1,
+                groups=(GroupSpec(kind="full"),),
+                enable_caching=True,
+            ),
+            "block_size",
+        ),
+        (
+            TargetConfig(
+                num_blocks=4,
+                block_size=1,
+                groups=(GroupSpec(kind="full"),) * (limits.MAX_GROUPS + 1),
+                enable_caching=True,
+            ),
+            "groups",
+        ),
+        (
+            TargetConfig(
+                num_blocks=4,
+                block_size=1,
+                groups=(GroupSpec(kind="chunked_local", window=limits.MAX_WINDOW_TOKENS + 1),),
+                enable_caching=True,
+            ),
+            "groups[0].window",
+        ),
     ],
     ids=["num_blocks", "block_size", "groups", "window"],
 )
@@ -432,7 +464,12 @@ def test_json_that_python_cannot_read_is_a_trace_error(name: str, text: str, mes
 
 
 EVERY_OPERATION = Trace(
-    TargetConfig(6, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4)), True),
+    TargetConfig(
+        num_blocks=6,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=4)),
+        enable_caching=True,
+    ),
     (
         AddRequest("r0", (1, 2, 3)),
         Schedule("r0", 3, 0, 7),
@@ -686,7 +723,9 @@ def test_the_standalone_repro_passes_once_the_fault_is_gone(s003_failing_trace: 
 def test_same_step_round_trips_and_is_left_out_when_off() -> None:
     """A schedule joining the step before it writes ``same_step: true`` and loads back equal; one that
     starts its own step writes no such field, so older traces read the same."""
-    config = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+    config = TargetConfig(
+        num_blocks=8, block_size=2, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")), enable_caching=True
+    )
     ops = (AddRequest("r0", (0, 1, 2)), Schedule("r0", 2), Schedule("r0", 1, same_step=True))
     text = Trace(config, ops).dumps()
     assert parse_trace(text, "same_step.json").ops == ops
@@ -704,7 +743,13 @@ def test_same_step_round_trips_and_is_left_out_when_off() -> None:
 def test_a_bad_same_step_is_refused_naming_step_and_field(
     tmp_path: Path, value: object, async_scheduling: bool, message: str
 ) -> None:
-    config = TargetConfig(8, 2, (GroupSpec("full"),), True, async_scheduling=async_scheduling)
+    config = TargetConfig(
+        num_blocks=8,
+        block_size=2,
+        groups=(GroupSpec(kind="full"),),
+        enable_caching=True,
+        async_scheduling=async_scheduling,
+    )
     document = json.loads(Trace(config, (AddRequest("r0", (0, 1)), Schedule("r0", 1))).dumps())
     document["ops"][1]["same_step"] = value
     path = tmp_path / "bad.json"
@@ -716,10 +761,19 @@ def test_a_bad_same_step_is_refused_naming_step_and_field(
 def test_use_eagle_round_trips_and_is_left_out_when_off() -> None:
     """A configuration serving an EAGLE drafter writes ``use_eagle: true`` and loads back equal; one
     without writes no such field, so older traces read the same."""
-    eagle = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("sliding_window", 4)), True, use_eagle=True)
+    eagle = TargetConfig(
+        num_blocks=8,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=4)),
+        enable_caching=True,
+        use_eagle=True,
+    )
     trace = Trace(eagle, (AddRequest("r0", (0, 1)),))
     assert parse_trace(trace.dumps(), "eagle.json").config == eagle
-    assert "use_eagle" not in TargetConfig(8, 2, (GroupSpec("full"),), True).to_json()
+    assert (
+        "use_eagle"
+        not in TargetConfig(num_blocks=8, block_size=2, groups=(GroupSpec(kind="full"),), enable_caching=True).to_json()
+    )
 
 
 def test_use_eagle_beside_a_chunked_local_group_is_refused_naming_the_field(tmp_path: Path) -> None:
@@ -745,7 +799,9 @@ def test_use_eagle_beside_a_chunked_local_group_is_refused_naming_the_field(tmp_
 def test_num_lookahead_tokens_round_trips_and_is_refused_above_its_limit(tmp_path: Path) -> None:
     """Lookahead slots are written when set, load back equal, and a value above the limit is refused
     naming the field, the value and the limit."""
-    config = TargetConfig(8, 2, (GroupSpec("full"),), True, num_lookahead_tokens=3)
+    config = TargetConfig(
+        num_blocks=8, block_size=2, groups=(GroupSpec(kind="full"),), enable_caching=True, num_lookahead_tokens=3
+    )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "la.json").config == config
     document = json.loads(Trace(config, (AddRequest("r0", (0,)),)).dumps())
     document["config"]["num_lookahead_tokens"] = limits.MAX_LOOKAHEAD_TOKENS + 1
@@ -761,10 +817,10 @@ def test_drafter_and_async_fields_round_trip() -> None:
     """Drafter groups, hash and prefill lookahead, async scheduling, deferred frees, admission gates
     and KV cache events are written when set and load back equal."""
     config = TargetConfig(
-        8,
-        2,
-        (GroupSpec("full"), GroupSpec("sliding_window", 3)),
-        True,
+        num_blocks=8,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=3)),
+        enable_caching=True,
         num_lookahead_tokens=2,
         async_scheduling=True,
         defer_block_free=True,
@@ -779,19 +835,23 @@ def test_drafter_and_async_fields_round_trip() -> None:
     )
     assert parse_trace(Trace(config, (AddRequest("r0", (0,)),)).dumps(), "d.json").config == config
     kinds = (
-        GroupSpec("full"),
-        GroupSpec("rswa", 2),
-        GroupSpec("ring"),
-        GroupSpec("cross_attention"),
-        GroupSpec("mla"),
-        GroupSpec("mamba", speculative_blocks=2),
+        GroupSpec(kind="full"),
+        GroupSpec(kind="rswa", window=2),
+        GroupSpec(kind="ring"),
+        GroupSpec(kind="cross_attention"),
+        GroupSpec(kind="mla"),
+        GroupSpec(kind="mamba", speculative_blocks=2),
     )
-    encoder_decoder = TargetConfig(8, 2, kinds, False, num_encoder_tokens=3)
+    encoder_decoder = TargetConfig(num_blocks=8, block_size=2, groups=kinds, enable_caching=False, num_encoder_tokens=3)
     assert parse_trace(Trace(encoder_decoder, ()).dumps(), "e.json").config == encoder_decoder
-    sizes = (GroupSpec("full", block_size=4), GroupSpec("sliding_window", 3))
-    mixed = TargetConfig(8, 2, sizes, True, hash_block_size=1)
+    sizes = (GroupSpec(kind="full", block_size=4), GroupSpec(kind="sliding_window", window=3))
+    mixed = TargetConfig(num_blocks=8, block_size=2, groups=sizes, enable_caching=True, hash_block_size=1)
     assert parse_trace(Trace(mixed, ()).dumps(), "m.json").config == mixed
-    plain = json.loads(Trace(TargetConfig(8, 2, (GroupSpec("full"),), True), ()).dumps())["config"]
+    plain = json.loads(
+        Trace(
+            TargetConfig(num_blocks=8, block_size=2, groups=(GroupSpec(kind="full"),), enable_caching=True), ()
+        ).dumps()
+    )["config"]
     assert set(plain) == {"num_blocks", "block_size", "enable_caching", "groups"}
 
 
@@ -978,7 +1038,15 @@ def test_a_bad_drafter_or_async_field_is_refused_by_name(
     tmp_path: Path, changes: dict[str, object], field: str, message: str
 ) -> None:
     document = json.loads(
-        Trace(TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True), ()).dumps()
+        Trace(
+            TargetConfig(
+                num_blocks=8,
+                block_size=2,
+                groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=3)),
+                enable_caching=True,
+            ),
+            (),
+        ).dumps()
     )
     document["config"].update(changes)
     path = tmp_path / "bad.json"

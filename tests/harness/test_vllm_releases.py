@@ -27,7 +27,11 @@ from kvmodel.ops import AddRequest, Finish, Schedule
 from kvmodel.semantics import BEHAVIOURS, KNOWN_VERSIONS, NEWEST, SYNC_MAMBA_OUTPUT_CACHING, Semantics, release_key
 
 MAMBA_BESIDE_FULL = TargetConfig(
-    16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True, num_hash_lookahead_tokens=1
+    num_blocks=16,
+    block_size=4,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+    enable_caching=True,
+    num_hash_lookahead_tokens=1,
 ).validate()
 """Full attention beside an align-mode Mamba group, block hashes looking one token ahead."""
 
@@ -114,9 +118,16 @@ def test_output_time_caching_needs_mamba_layers_prefix_caching_and_synchronous_s
     on = Semantics("0.34.0")
     assert caches_after_sync_output(MAMBA_BESIDE_FULL, on)
     assert not caches_after_sync_output(MAMBA_BESIDE_FULL, Semantics("0.33.0"))
-    full_only = TargetConfig(16, 4, (GroupSpec("full"),), True, num_hash_lookahead_tokens=1)
+    full_only = TargetConfig(
+        num_blocks=16, block_size=4, groups=(GroupSpec(kind="full"),), enable_caching=True, num_hash_lookahead_tokens=1
+    )
     assert not caches_after_sync_output(full_only, on)
-    assert not caches_after_sync_output(TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba")), False), on)
+    assert not caches_after_sync_output(
+        TargetConfig(
+            num_blocks=16, block_size=4, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba")), enable_caching=False
+        ),
+        on,
+    )
 
 
 def _next_hit(driver: ManagerModel | KvcoreTarget) -> int | None:

@@ -28,10 +28,10 @@ SIZES = (1, 2, 3, 4, 6, 8)
 
 def _group(rng: random.Random, kind: str, size: int) -> GroupSpec:
     if kind == "sliding_window":
-        return GroupSpec(kind, rng.randint(2, 12), block_size=size)
+        return GroupSpec(kind=kind, window=rng.randint(2, 12), block_size=size)
     if kind == "chunked_local":
-        return GroupSpec(kind, size * rng.randint(1, 3), block_size=size)
-    return GroupSpec(kind, block_size=size)
+        return GroupSpec(kind=kind, window=size * rng.randint(1, 3), block_size=size)
+    return GroupSpec(kind=kind, block_size=size)
 
 
 def _draw(seed: int) -> tuple[list[GroupSpec], int, int, bool, bool, int]:
@@ -96,13 +96,15 @@ def test_the_parity_draws_cover_both_answers_and_every_refusal() -> None:
     assert any(field and field.endswith("].block_size") for field in fields)
 
 
-FULL4, SW2 = GroupSpec("full", block_size=4), GroupSpec("sliding_window", 3, block_size=2)
+FULL4, SW2 = GroupSpec(kind="full", block_size=4), GroupSpec(kind="sliding_window", window=3, block_size=2)
 
 
 def test_a_hit_over_mixed_block_sizes_lands_on_the_scheduler_block_size_alike() -> None:
     """Full attention in 4-token blocks and a 3-token window in 2-token blocks: hits are multiples of
     4 tokens, and the window caches only the blocks a hit on such a boundary needs (the one before it)."""
-    config = TargetConfig(24, 2, (FULL4, SW2), True, enable_kv_cache_events=True).validate()
+    config = TargetConfig(
+        num_blocks=24, block_size=2, groups=(FULL4, SW2), enable_caching=True, enable_kv_cache_events=True
+    ).validate()
     assert (config.scheduler_block_size, config.hash_size) == (4, 2)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
     lockstep, results = run_alike(
@@ -124,7 +126,9 @@ def test_a_hit_over_mixed_block_sizes_lands_on_the_scheduler_block_size_alike() 
 def test_full_attention_caches_the_prompt_tail_under_a_partial_key_alike() -> None:
     """With 2-token hashes, a 4-token full-attention block holding the prompt's last hash boundary
     (token 6 of a 7-token prompt) is cached under that boundary's key too, beside its own."""
-    config = TargetConfig(24, 2, (FULL4, SW2), True, enable_kv_cache_events=True).validate()
+    config = TargetConfig(
+        num_blocks=24, block_size=2, groups=(FULL4, SW2), enable_caching=True, enable_kv_cache_events=True
+    ).validate()
     ops = [
         AddRequest("r0", (1, 2, 3, 4, 5, 6, 7)),
         Schedule("r0", 7, sampled_token=8),
@@ -138,7 +142,9 @@ def test_full_attention_caches_the_prompt_tail_under_a_partial_key_alike() -> No
 
 def test_kvcheck_refuses_what_it_does_not_model_of_mixed_block_sizes() -> None:
     with pytest.raises(ConfigError) as refused:
-        TargetConfig(8, 2, (FULL4, SW2, GroupSpec("ring", block_size=4)), True).validate()
+        TargetConfig(
+            num_blocks=8, block_size=2, groups=(FULL4, SW2, GroupSpec(kind="ring", block_size=4)), enable_caching=True
+        ).validate()
     assert refused.value.field == "groups[2].block_size"
 
 
@@ -146,7 +152,14 @@ def test_an_eagle_drop_over_mixed_block_sizes_peeks_one_block_of_each_group_alik
     """Full attention in 4-token blocks and a 3-token window in 2-token blocks, both dropping for an
     EAGLE drafter: a request sharing 12 tokens matches three full-attention blocks, drops one (8 tokens)
     and the window then needs its block before token 8 and the peeked block after it."""
-    config = TargetConfig(32, 2, (FULL4, SW2), True, use_eagle=True, enable_kv_cache_events=True)
+    config = TargetConfig(
+        num_blocks=32,
+        block_size=2,
+        groups=(FULL4, SW2),
+        enable_caching=True,
+        use_eagle=True,
+        enable_kv_cache_events=True,
+    )
     prompt = tuple(range(1, 14))
     _, results = run_alike(
         config,
@@ -168,7 +181,12 @@ def test_a_short_window_hit_with_the_eagle_drop_loses_a_whole_scheduler_block_al
     resumed request's window finds its blocks 0 to 4 cached (fewer than its window needs), trims them
     to 8 tokens, drops the peeked block and trims again: the hit is 4 tokens, not 8."""
     config = TargetConfig(
-        15, 2, (FULL4, GroupSpec("sliding_window", 26)), True, use_eagle=True, prefix_cache_retention_interval=0
+        num_blocks=15,
+        block_size=2,
+        groups=(FULL4, GroupSpec(kind="sliding_window", window=26)),
+        enable_caching=True,
+        use_eagle=True,
+        prefix_cache_retention_interval=0,
     )
     _, results = run_alike(
         config,
@@ -189,10 +207,10 @@ def test_a_partial_key_gives_way_to_the_next_boundary_inside_its_block_as_on_vll
     the same blocks: both partial keys are removed (a ``BlockRemoved`` each), then the new ones
     stored.  kvcore, vLLM and the model agree, events included."""
     config = TargetConfig(
-        25,
-        3,
-        (GroupSpec("full"), GroupSpec("full", block_size=6)),
-        True,
+        num_blocks=25,
+        block_size=3,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="full", block_size=6)),
+        enable_caching=True,
         num_hash_lookahead_tokens=2,
         num_prefill_lookahead=2,
         hash_block_size=1,

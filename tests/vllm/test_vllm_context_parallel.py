@@ -32,10 +32,17 @@ def _draw(seed: int) -> TargetConfig:
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice([*KINDS, "mamba"] if rng.random() < 1 / 4 else KINDS)
         replicated = kind != "mamba" and rng.random() < 1 / 3
-        groups.append(GroupSpec(kind, WINDOWS.get(kind), dcp_replicated=replicated))
+        groups.append(GroupSpec(kind=kind, window=WINDOWS.get(kind), dcp_replicated=replicated))
     caching = rng.random() < 2 / 3 and not any(g.kind in ("mamba", "cross_attention") for g in groups)
     encoder = 4 if any(g.kind == "cross_attention" for g in groups) else 0
-    return TargetConfig(16, 2, tuple(groups), caching, num_encoder_tokens=encoder, dcp_world_size=rng.choice([1, 2, 4]))
+    return TargetConfig(
+        num_blocks=16,
+        block_size=2,
+        groups=tuple(groups),
+        enable_caching=caching,
+        num_encoder_tokens=encoder,
+        dcp_world_size=rng.choice([1, 2, 4]),
+    )
 
 
 def _vllm_refusal(config: TargetConfig) -> str | None:
@@ -91,10 +98,10 @@ def test_a_deepseek_layout_with_a_replicated_draft_model_hits_alike() -> None:
     """MLA sharded over 2 ranks (blocks of 2 x 2 tokens) beside a draft model's replicated full attention
     (blocks of 2): the drafter's group drops its last block, hits land on 4 tokens."""
     config = TargetConfig(
-        32,
-        2,
-        (GroupSpec("mla"), GroupSpec("full", dcp_replicated=True)),
-        True,
+        num_blocks=32,
+        block_size=2,
+        groups=(GroupSpec(kind="mla"), GroupSpec(kind="full", dcp_replicated=True)),
+        enable_caching=True,
         use_eagle=True,
         eagle_group_ids=(1,),
         dcp_world_size=2,
@@ -110,7 +117,13 @@ def test_a_deepseek_layout_with_a_replicated_draft_model_hits_alike() -> None:
 def test_a_window_over_four_ranks_frees_whole_sharded_blocks_alike() -> None:
     """A 5-token window in blocks of 1 x 4 tokens: after 9 tokens, tokens 0..4 are skipped, so one
     4-token block is freed (not five 1-token ones)."""
-    config = TargetConfig(16, 1, (GroupSpec("full"), GroupSpec("sliding_window", 5)), False, dcp_world_size=4)
+    config = TargetConfig(
+        num_blocks=16,
+        block_size=1,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=5)),
+        enable_caching=False,
+        dcp_world_size=4,
+    )
     lockstep, _ = run_alike(config, [AddRequest("a", tuple(range(9))), Schedule("a", 9), Schedule("a", 1)])
     table = lockstep.model.observe().tables["a"][1]
     assert table[0] == 0 and all(table[1:]), table
@@ -118,7 +131,13 @@ def test_a_window_over_four_ranks_frees_whole_sharded_blocks_alike() -> None:
 
 
 def test_a_mamba_group_beside_sharded_attention_keeps_its_block_size() -> None:
-    config = TargetConfig(16, 2, (GroupSpec("full"), GroupSpec("mamba", speculative_blocks=1)), False, dcp_world_size=2)
+    config = TargetConfig(
+        num_blocks=16,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba", speculative_blocks=1)),
+        enable_caching=False,
+        dcp_world_size=2,
+    )
     assert config.block_sizes == (4, 2)
     lockstep, _ = run_alike(config, [AddRequest("a", tuple(range(5))), Schedule("a", 5), Schedule("a", 1)])
     tables = lockstep.model.observe().tables["a"]
@@ -133,10 +152,10 @@ def test_the_window_admission_cap_counts_per_rank_blocks_alike() -> None:
     gate then refuses a 40-token prompt on both allocators (kvcore keeps vLLM's count); counted in the
     manager's blocks it would be admitted.  When vLLM counts the manager's blocks, the two diverge here."""
     config = TargetConfig(
-        5,
-        2,
-        (GroupSpec("sliding_window", 5),),
-        False,
+        num_blocks=5,
+        block_size=2,
+        groups=(GroupSpec(kind="sliding_window", window=5),),
+        enable_caching=False,
         reserve_full_sequence=True,
         max_in_flight_tokens=4,
         dcp_world_size=2,

@@ -68,7 +68,9 @@ def test_a_load_ends_inside_a_state_block_and_the_step_in_the_same_block(
     inside ``allocate_slots`` for a 10-token request loading 8 tokens and computing 1.  kvcheck's drivers
     trim the load until it ends inside a Mamba block, and the step's chunk ends in that block: both
     admit it alike, full attention taking a block per 2 tokens and Mamba one, after null padding."""
-    config = TargetConfig(7, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+    config = TargetConfig(
+        num_blocks=7, block_size=2, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")), enable_caching=True
+    )
     assert plan_load(config, 10, 0, requested) == (0, loaded)
     lockstep, results = run_alike(config, [AddRequest("a", tuple(range(10))), Schedule("a", 4, requested)])
     step = results[-1]

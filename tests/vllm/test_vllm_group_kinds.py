@@ -26,18 +26,18 @@ from kvmodel.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 from tests.vllm.parity import kvcore_config, kvcore_refusal, vllm_refusal  # noqa: E402
 
-FULL, RING, CROSS = GroupSpec("full"), GroupSpec("ring"), GroupSpec("cross_attention")
-MAMBA = GroupSpec("mamba", speculative_blocks=1)
+FULL, RING, CROSS = GroupSpec(kind="full"), GroupSpec(kind="ring"), GroupSpec(kind="cross_attention")
+MAMBA = GroupSpec(kind="mamba", speculative_blocks=1)
 
 
 def test_vllm_cannot_build_a_hybrid_cache_of_ring_buffers_with_caching_and_kvcheck_refuses_it() -> None:
     with pytest.raises(AssertionError, match="at least one cacheable group"):
         make_manager((RING, RING), 8, 2, enable_caching=True)
     with pytest.raises(ConfigError) as refused:
-        TargetConfig(8, 2, (RING, RING), True).validate()
+        TargetConfig(num_blocks=8, block_size=2, groups=(RING, RING), enable_caching=True).validate()
     assert refused.value.field == "enable_caching"
     make_manager((RING, RING), 8, 2, enable_caching=False)  # caching off: vLLM builds it, kvcheck drives it
-    TargetConfig(8, 2, (RING, RING), False).validate()
+    TargetConfig(num_blocks=8, block_size=2, groups=(RING, RING), enable_caching=False).validate()
 
 
 def test_vllm_fails_the_first_lookup_of_cross_attention_with_caching_and_kvcheck_refuses_it() -> None:
@@ -45,7 +45,9 @@ def test_vllm_fails_the_first_lookup_of_cross_attention_with_caching_and_kvcheck
     with pytest.raises(NotImplementedError):
         manager.get_computed_blocks(make_request("r0", (1, 2, 3), 2))
     with pytest.raises(ConfigError) as refused:
-        TargetConfig(8, 2, (FULL, CROSS), True, num_encoder_tokens=3).validate()
+        TargetConfig(
+            num_blocks=8, block_size=2, groups=(FULL, CROSS), enable_caching=True, num_encoder_tokens=3
+        ).validate()
     assert refused.value.field == "enable_caching"
 
 
@@ -53,7 +55,7 @@ def test_vllm_asserts_on_mamba_with_caching_outside_align_mode_and_kvcheck_refus
     with pytest.raises(AssertionError, match="mamba_cache_mode='align'"):
         make_manager((FULL, MAMBA), 8, 2, enable_caching=True)
     with pytest.raises(ConfigError) as refused:
-        TargetConfig(8, 2, (FULL, MAMBA), True).validate()
+        TargetConfig(num_blocks=8, block_size=2, groups=(FULL, MAMBA), enable_caching=True).validate()
     assert refused.value.field == "enable_caching"
 
 
@@ -75,15 +77,39 @@ def test_vllm_cannot_build_a_sink_full_attention_manager() -> None:
 @pytest.mark.parametrize(
     "config",
     [
-        TargetConfig(16, 2, (FULL, GroupSpec("rswa", 1)), True),
-        TargetConfig(16, 2, (FULL, RING), True),
-        TargetConfig(16, 2, (FULL, CROSS), False, num_encoder_tokens=3),
-        TargetConfig(16, 2, (FULL, MAMBA), False),
-        TargetConfig(16, 2, (GroupSpec("mamba", speculative_blocks=2),), False, num_lookahead_tokens=2),
-        TargetConfig(16, 2, (GroupSpec("mla"), FULL), True, use_eagle=True, eagle_group_ids=(1,)),
-        TargetConfig(24, 2, (GroupSpec("mla"), GroupSpec("sliding_window_mla", 3), FULL), True),
-        TargetConfig(16, 2, (FULL, GroupSpec("mamba_align")), True),
-        TargetConfig(16, 2, (GroupSpec("mamba_align"),), True, num_lookahead_tokens=2),
+        TargetConfig(num_blocks=16, block_size=2, groups=(FULL, GroupSpec(kind="rswa", window=1)), enable_caching=True),
+        TargetConfig(num_blocks=16, block_size=2, groups=(FULL, RING), enable_caching=True),
+        TargetConfig(num_blocks=16, block_size=2, groups=(FULL, CROSS), enable_caching=False, num_encoder_tokens=3),
+        TargetConfig(num_blocks=16, block_size=2, groups=(FULL, MAMBA), enable_caching=False),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="mamba", speculative_blocks=2),),
+            enable_caching=False,
+            num_lookahead_tokens=2,
+        ),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="mla"), FULL),
+            enable_caching=True,
+            use_eagle=True,
+            eagle_group_ids=(1,),
+        ),
+        TargetConfig(
+            num_blocks=24,
+            block_size=2,
+            groups=(GroupSpec(kind="mla"), GroupSpec(kind="sliding_window_mla", window=3), FULL),
+            enable_caching=True,
+        ),
+        TargetConfig(num_blocks=16, block_size=2, groups=(FULL, GroupSpec(kind="mamba_align")), enable_caching=True),
+        TargetConfig(
+            num_blocks=16,
+            block_size=2,
+            groups=(GroupSpec(kind="mamba_align"),),
+            enable_caching=True,
+            num_lookahead_tokens=2,
+        ),
     ],
     ids=[
         "rswa",
@@ -113,7 +139,9 @@ def test_align_mode_mamba_prefills_on_state_boundaries_and_hits_its_last_state_a
     after three null blocks.  A third request sharing only 4 tokens with them finds full attention's
     blocks but no state at 4 (the chunk skipped it): no hit at all, and its first chunk stops at the
     4-token block boundary below the shared prefix.  kvcore, vLLM and the model agree throughout."""
-    config = TargetConfig(16, 2, (FULL, GroupSpec("mamba_align")), True)
+    config = TargetConfig(
+        num_blocks=16, block_size=2, groups=(FULL, GroupSpec(kind="mamba_align")), enable_caching=True
+    )
     prompt = tuple(range(1, 10))
     _, results = run_alike(
         config,
@@ -140,12 +168,12 @@ def _aligned_mamba_draw(seed: int) -> tuple[list[GroupSpec], int, dict[str, obje
     caching, EAGLE drafter, retention interval and DCP world size."""
     rng = random.Random(seed)
     kinds = ["full", "mla", "sliding_window", "chunked_local", "rswa", "mamba_align"]
-    groups = [GroupSpec("mamba_align", block_size=rng.choice([2, 4]))]
+    groups = [GroupSpec(kind="mamba_align", block_size=rng.choice([2, 4]))]
     for _ in range(rng.randint(0, 2)):
         kind = rng.choice(kinds)
         size = rng.choice([1, 2, 4])
         window = {"sliding_window": 3, "rswa": 3, "chunked_local": 2 * size}.get(kind)
-        groups.insert(rng.randint(0, len(groups)), GroupSpec(kind, window, block_size=size))
+        groups.insert(rng.randint(0, len(groups)), GroupSpec(kind=kind, window=window, block_size=size))
     sizes = [group.block_size for group in groups]
     hashing = rng.choice([math.gcd(*sizes), min(sizes), 1])  # type: ignore[type-var]
     keywords: dict[str, object] = {
@@ -201,7 +229,9 @@ def test_a_state_cached_inside_a_block_is_copied_for_the_cache_and_a_later_hit_c
     the state is copied to a new block the cache keeps instead.  A second request sharing 6 tokens hits
     there: its table gets a copy of the cached state, not the shared block.  kvcore, vLLM and the model
     agree on every table, copy, cache entry and free order."""
-    config = TargetConfig(16, 2, (FULL, GroupSpec("mamba_align", block_size=4)), True)
+    config = TargetConfig(
+        num_blocks=16, block_size=2, groups=(FULL, GroupSpec(kind="mamba_align", block_size=4)), enable_caching=True
+    )
     assert config.partial_hits
     prompt = (1, 2, 3, 4, 5, 6, 7)
     _, results = run_alike(
@@ -235,10 +265,10 @@ def test_truncate_computed_blocks_cuts_a_hit_as_vllm_does() -> None:
     for seed in range(40):
         rng = random.Random(seed)
         size = rng.choice([1, 2, 3])
-        groups = [FULL, GroupSpec("mamba_align", block_size=2 * size, speculative_blocks=rng.choice([0, 1]))]
+        groups = [FULL, GroupSpec(kind="mamba_align", block_size=2 * size, speculative_blocks=rng.choice([0, 1]))]
         if rng.random() < 1 / 2:
-            groups.insert(rng.randint(0, 2), GroupSpec("full", block_size=2 * size))
-        config = TargetConfig(64, size, tuple(groups), True)
+            groups.insert(rng.randint(0, 2), GroupSpec(kind="full", block_size=2 * size))
+        config = TargetConfig(num_blocks=64, block_size=size, groups=tuple(groups), enable_caching=True)
         assert config.partial_hits
         prompt = tuple(rng.randrange(2) for _ in range(rng.randint(6, 14)))
         lockstep, _ = run_alike(config, [AddRequest("a", prompt), *[Schedule("a", len(prompt), 0, 7)] * 4])

@@ -24,7 +24,7 @@ from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from tests.harness.test_fault_catalogue import SEQUENCES  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 
-CHECKPOINTED = (GroupSpec("full"), GroupSpec("mamba_align", prefill_checkpoint_alignment=1))
+CHECKPOINTED = (GroupSpec(kind="full"), GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1))
 
 
 # The catalogue's steps of the drafter with sub-block hits: a request sharing a 12-token prompt, and one
@@ -37,7 +37,14 @@ JUNCTION_CONFIG, JUNCTION_OPS, _ = SEQUENCES["shared-prefix-state-left-uncached"
 def test_the_checkpoint_sits_where_the_drafters_hits_land(use_eagle: bool, hit: int) -> None:
     """An 11-token prompt in one chunk keeps its checkpoint in position 4; a request sharing 10 tokens
     hits 10 without a drafter, 8 with one (full attention's drop), on the checkpoint's block."""
-    config = TargetConfig(32, 2, CHECKPOINTED, True, use_eagle=use_eagle, eagle_group_ids=(0,) if use_eagle else ())
+    config = TargetConfig(
+        num_blocks=32,
+        block_size=2,
+        groups=CHECKPOINTED,
+        enable_caching=True,
+        use_eagle=use_eagle,
+        eagle_group_ids=(0,) if use_eagle else (),
+    )
     ops = [
         AddRequest("a", tuple(range(11))),
         Schedule("a", 11),
@@ -54,7 +61,7 @@ def test_the_checkpoint_sits_where_the_drafters_hits_land(use_eagle: bool, hit: 
 def test_the_mamba_lookup_takes_no_look_past_the_candidate() -> None:
     """Every group the drafter's, the Mamba group's too: a request sharing 6 tokens hits 4 (full
     attention's drop), not the state after 6 a look past the candidate would find."""
-    config = TargetConfig(32, 2, CHECKPOINTED, True, use_eagle=True)
+    config = TargetConfig(num_blocks=32, block_size=2, groups=CHECKPOINTED, enable_caching=True, use_eagle=True)
     ops = [
         AddRequest("a", tuple(range(8))),
         Schedule("a", 4),
@@ -104,10 +111,20 @@ def test_a_drafter_with_sub_block_hits_drops_one_hash_unit(use_eagle: bool, hit:
 def test_a_drafter_in_the_mamba_group_prefilling_again_is_refused_with_sub_block_hits() -> None:
     """vLLM 0.33.0 keys the prompt's state inside a block a step late there (test_known_defects.py):
     kvcheck refuses the lookahead, and takes it with the drafter named in the attention group only."""
-    groups = (GroupSpec("full"), GroupSpec("mamba_align", block_size=4))
+    groups = (GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4))
     with pytest.raises(ConfigError, match="num_prefill_lookahead"):
-        TargetConfig(16, 2, groups, True, use_eagle=True, num_prefill_lookahead=2).validate()
-    named = TargetConfig(16, 2, groups, True, use_eagle=True, eagle_group_ids=(0,), num_prefill_lookahead=2)
+        TargetConfig(
+            num_blocks=16, block_size=2, groups=groups, enable_caching=True, use_eagle=True, num_prefill_lookahead=2
+        ).validate()
+    named = TargetConfig(
+        num_blocks=16,
+        block_size=2,
+        groups=groups,
+        enable_caching=True,
+        use_eagle=True,
+        eagle_group_ids=(0,),
+        num_prefill_lookahead=2,
+    )
     assert named.validate().partial_hits
     assert manager_for(named).coordinator.num_reprefillable_tokens == 1
 

@@ -24,7 +24,9 @@ from kvmodel.ops import AddRequest, Schedule, SpecDecode  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 from tests.vllm.test_export import run_pytest  # noqa: E402
 
-STATES = TargetConfig(12, 1, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+STATES = TargetConfig(
+    num_blocks=12, block_size=1, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")), enable_caching=True
+)
 REJECTIONS = [
     AddRequest("a", (0,)),
     Schedule("a", 1),

@@ -26,7 +26,12 @@ from tests.vllm.alike import run_alike  # noqa: E402
 def test_a_prefill_keeps_its_checkpoint_for_a_later_hit() -> None:
     """A 10-token prompt in one chunk keeps the state after 8 tokens in position 1, cached; a request
     sharing 8 tokens hits it."""
-    config = TargetConfig(16, 4, (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),), True)
+    config = TargetConfig(
+        num_blocks=16,
+        block_size=4,
+        groups=(GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1),),
+        enable_caching=True,
+    )
     ops = [
         AddRequest("a", tuple(range(10))),
         Schedule("a", 10),
@@ -43,8 +48,8 @@ def test_a_transient_checkpoint_loses_its_key_and_the_prompts_is_hit_inside_a_bl
     """Mamba blocks of 4 beside full attention's of 2, hashed every 2: the first chunk's checkpoint
     (after 6 tokens) is transient, the last chunk's (after 18, the prompt's) is cached in position 3
     and hit inside its block by a request sharing 18 tokens, which copies it."""
-    groups = (GroupSpec("full"), GroupSpec("mamba_align", block_size=4, prefill_checkpoint_alignment=1))
-    config = TargetConfig(32, 2, groups, True)
+    groups = (GroupSpec(kind="full"), GroupSpec(kind="mamba_align", block_size=4, prefill_checkpoint_alignment=1))
+    config = TargetConfig(num_blocks=32, block_size=2, groups=groups, enable_caching=True)
     prompt = tuple(range(1, 21))
     ops = [
         AddRequest("a", prompt),

@@ -30,7 +30,13 @@ def test_the_output_time_call_beside_mamba_changes_the_next_hit_as_the_release_d
     """A 4-token prompt beside an align-mode Mamba group, hashes looking one token ahead, finishes after
     its first sampled token.  On a release whose scheduler caches at that output (0.34.0), the next request
     sharing the prompt hits its 4 tokens; on 0.33.0 it hits none.  vLLM, kvcore and the model agree."""
-    config = TargetConfig(16, 4, (GroupSpec("full"), GroupSpec("mamba_align")), True, num_hash_lookahead_tokens=1)
+    config = TargetConfig(
+        num_blocks=16,
+        block_size=4,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+        enable_caching=True,
+        num_hash_lookahead_tokens=1,
+    )
     ops = [
         AddRequest("r0", (1, 2, 3, 4)),
         Schedule("r0", 4, 0, sampled_token=5),

@@ -34,7 +34,7 @@ def _draw(seed: int) -> tuple[list[GroupSpec], bool, object]:
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice(KINDS)
         window = {"sliding_window": 3, "sliding_window_mla": 3, "chunked_local": 2 * size, "rswa": 2}.get(kind)
-        groups.append(GroupSpec(kind, window, block_size=size * rng.choice([1, 1, 2])))
+        groups.append(GroupSpec(kind=kind, window=window, block_size=size * rng.choice([1, 1, 2])))
     caching = rng.random() < 1 / 2 and not any(group.kind == "mamba" for group in groups)
     interval = rng.choice([None, 0, -4, 1, 2, 3, 4, 6, 8, 16])
     return groups, caching, interval
@@ -87,7 +87,7 @@ def test_kvcore_and_vllm_accept_and_refuse_the_same_retention_intervals() -> Non
     assert refused >= 50 and accepted >= 50
 
 
-WINDOW = GroupSpec("sliding_window", 2)
+WINDOW = GroupSpec(kind="sliding_window", window=2)
 PROMPT = tuple(range(100, 112))
 
 
@@ -96,7 +96,9 @@ def _window_key_lengths(lockstep: Lockstep, group_id: int) -> list[int]:
 
 
 def test_an_interval_keeps_a_windows_blocks_at_its_ends_and_the_replay_boundary_alike() -> None:
-    config = TargetConfig(32, 1, (WINDOW,), True, prefix_cache_retention_interval=4)
+    config = TargetConfig(
+        num_blocks=32, block_size=1, groups=(WINDOW,), enable_caching=True, prefix_cache_retention_interval=4
+    )
     lockstep, results = run_alike(
         config,
         [
@@ -112,7 +114,13 @@ def test_an_interval_keeps_a_windows_blocks_at_its_ends_and_the_replay_boundary_
 
 
 def test_a_shared_prefix_is_kept_once_a_request_computes_it_alike() -> None:
-    config = TargetConfig(64, 1, (GroupSpec("full"), WINDOW), True, prefix_cache_retention_interval=0)
+    config = TargetConfig(
+        num_blocks=64,
+        block_size=1,
+        groups=(GroupSpec(kind="full"), WINDOW),
+        enable_caching=True,
+        prefix_cache_retention_interval=0,
+    )
     first = PROMPT[:8]
     lockstep, results = run_alike(
         config,

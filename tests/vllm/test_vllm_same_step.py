@@ -23,7 +23,9 @@ def test_a_hit_on_a_state_cached_in_the_same_step_waits_for_the_next() -> None:
     """a computes 4 tokens and caches its state there; b, sharing them, joins a's step and is refused;
     it joins a's next step (which caches the state after 8) and hits the state after 4, cached a step
     earlier; a later step of b on its own is admitted as usual."""
-    config = TargetConfig(32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True)
+    config = TargetConfig(
+        num_blocks=32, block_size=2, groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")), enable_caching=True
+    )
     ops = [
         AddRequest("a", tuple(range(8))),
         Schedule("a", 4),

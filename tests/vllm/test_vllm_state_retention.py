@@ -34,7 +34,11 @@ PREFILL: list[Operation] = [
 
 def hybrid(retention: int | None) -> TargetConfig:
     return TargetConfig(
-        32, 2, (GroupSpec("full"), GroupSpec("mamba_align")), True, prefix_cache_retention_interval=retention
+        num_blocks=32,
+        block_size=2,
+        groups=(GroupSpec(kind="full"), GroupSpec(kind="mamba_align")),
+        enable_caching=True,
+        prefix_cache_retention_interval=retention,
     )
 
 
@@ -79,10 +83,10 @@ def test_under_an_interval_of_0_only_the_chunk_ending_the_prefill_keeps_a_checkp
     keeps a checkpoint only with no interval; the last chunk's (the prompt's, after 12 tokens) is hit by
     a request sharing 13 tokens either way."""
     config = TargetConfig(
-        16,
-        4,
-        (GroupSpec("mamba_align", prefill_checkpoint_alignment=1),),
-        True,
+        num_blocks=16,
+        block_size=4,
+        groups=(GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1),),
+        enable_caching=True,
         prefix_cache_retention_interval=retention,
     )
     ops = [

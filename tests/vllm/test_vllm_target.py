@@ -32,7 +32,12 @@ from kvmodel.semantics import KNOWN_VERSIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = sorted((REPO / "regressions" / "traces").glob("*.json"))
-CONFIG = TargetConfig(8, 2, (GroupSpec("full"), GroupSpec("sliding_window", 3)), True)
+CONFIG = TargetConfig(
+    num_blocks=8,
+    block_size=2,
+    groups=(GroupSpec(kind="full"), GroupSpec(kind="sliding_window", window=3)),
+    enable_caching=True,
+)
 
 
 def test_the_installed_release_is_a_known_one_read_as_itself() -> None:

@@ -38,10 +38,14 @@ def test_a_cache_needs_zeroing_exactly_where_vllm_says_so() -> None:
 
 
 MIXED = TargetConfig(
-    32,
-    2,
-    (GroupSpec("full"), GroupSpec("sliding_window", 4, kv_cache_dtype="fp8"), GroupSpec("ring")),
-    True,
+    num_blocks=32,
+    block_size=2,
+    groups=(
+        GroupSpec(kind="full"),
+        GroupSpec(kind="sliding_window", window=4, kv_cache_dtype="fp8"),
+        GroupSpec(kind="ring"),
+    ),
+    enable_caching=True,
 )
 
 
