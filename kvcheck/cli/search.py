@@ -49,8 +49,8 @@ def cmd_kill_matrix(args: argparse.Namespace) -> int:
         return bad_input(f"the kill matrix plants faults into kvcore or vllm; target {args.target!r} has none")
     catalogue = FAULTS
     if args.target == "vllm":
-        from kvcheck.targets import load_target
         from kvcheck.faults import VLLM_FAULTS
+        from kvcheck.targets import load_target
 
         try:
             load_target("vllm")

@@ -44,13 +44,13 @@ def test_kind_names_are_literals_only_in_the_kind_modules() -> None:
 )
 def test_each_kind_validates_its_window(kind: str, window: int, detail: str) -> None:
     with pytest.raises(ConfigError) as raised:
-        GroupSpec(kind, window=window).validate(4, "groups[0]")
+        GroupSpec(kind=kind, window=window).validate(4, "groups[0]")
     assert raised.value.field == "groups[0].window"
     assert raised.value.detail == detail
 
 
 def test_messages_name_the_kinds_with_the_trait() -> None:
     with pytest.raises(ConfigError, match="only a mamba or mamba_align group has speculative blocks"):
-        GroupSpec("full", speculative_blocks=1).validate(4, "groups[0]")
+        GroupSpec(kind="full", speculative_blocks=1).validate(4, "groups[0]")
     with pytest.raises(ConfigError, match="only a mamba_align group has prefill checkpoints"):
-        GroupSpec("mamba", prefill_checkpoint_alignment=2).validate(4, "groups[0]")
+        GroupSpec(kind="mamba", prefill_checkpoint_alignment=2).validate(4, "groups[0]")
