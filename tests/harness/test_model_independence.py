@@ -43,6 +43,7 @@ def test_importing_the_model_loads_no_kvcore_or_kvcheck_module() -> None:
 VOCABULARY = frozenset(
     {
         "kvmodel.config",
+        "kvmodel.fields",
         "kvmodel.limits",
         "kvmodel.observation",
         "kvmodel.ops",
@@ -51,7 +52,7 @@ VOCABULARY = frozenset(
     }
 )
 """The model modules a target may import: the vocabulary the lockstep speaks to both sides (the
-operations and the steps they ask for, the configuration, observations, release semantics and
+operations and the steps they ask for, the configuration and its field declarations, observations, release semantics and
 input limits).  Nothing else of the model runs inside a target, so a bug in the model's statement of
 a behaviour (steps in flight, the prefix lookup, allocation ...) is never also the target's."""
 
