@@ -7,12 +7,15 @@ row alike; this script shows it.
     python benchmarks/bench_verdicts.py --rev d770bd1                    # a commit against this checkout
     python benchmarks/bench_verdicts.py --rev d770bd1 --target vllm --python .venv-vllm/bin/python
     python benchmarks/bench_verdicts.py --rev d770bd1 --write docs/measurements/verdicts-kvcore.md
+    python benchmarks/bench_verdicts.py --rev a71500e --keep .verdicts   # measure a71500e once, reuse it
 
 The kill matrix runs at its default budget (fixed seeds, counted in runs), so its verdicts do not depend
 on the machine.  Each tree runs in a fresh interpreter that imports kvcheck, and the folders the package
 maps into it, from that tree; a revision is checked out into a temporary git worktree, removed
 afterwards.  ``--target vllm`` needs a Python whose environment has vLLM installed.  Exits 1 when the
-trees disagree.  Run from the repository root.
+trees disagree.  With ``--keep FOLDER``, a revision's verdicts are kept there under its full commit
+and target, and read back instead of measured again: a commit's verdicts at fixed seeds never change,
+so only this checkout is measured on the second run.  Run from the repository root.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from measurement import checked_out, commit, provenance, run_in_tree, write_markdown
+from measurement import checked_out, commit, git, provenance, run_in_tree, write_markdown
 
 MEASURE = """
 import json
@@ -61,6 +64,22 @@ def measure(tree: Path, target: str, python: str) -> Verdicts:
     return result
 
 
+def measure_revision(rev: str, target: str, python: str, keep: str | None, stack: contextlib.ExitStack) -> Verdicts:
+    """The verdicts of revision ``rev``: read from ``keep`` when measured before, else measured in a
+    temporary worktree (and kept)."""
+    kept = Path(keep) / f"{git('rev-parse', rev + '^{commit}')}-{target}.json" if keep else None
+    if kept is not None and kept.is_file():
+        print(f"reading {rev} from {kept} ...", file=sys.stderr, flush=True)
+        result: Verdicts = json.loads(kept.read_text())
+        return result
+    print(f"measuring {rev} ...", file=sys.stderr, flush=True)
+    result = measure(stack.enter_context(checked_out(rev)), target, python)
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(result))
+    return result
+
+
 def side_by_side(
     title: str, labels: list[str], names: list[str], columns: list[dict[str, list[object]]]
 ) -> tuple[list[str], int]:
@@ -80,17 +99,21 @@ def main() -> int:
     parser.add_argument("--target", choices=("kvcore", "vllm"), default="kvcore")
     parser.add_argument("--python", default=sys.executable, help="the interpreter to run each tree with")
     parser.add_argument("--write", help="also write the tables to this markdown file")
+    parser.add_argument("--keep", help="a folder that keeps each revision's verdicts, to read instead of remeasure")
+    parser.add_argument("--only-revisions", action="store_true", help="measure (and keep) the revisions only")
     args = parser.parse_args()
 
     labels: list[str] = []
     results: list[Verdicts] = []
     with contextlib.ExitStack() as stack:
-        trees = [(rev, stack.enter_context(checked_out(rev))) for rev in args.rev]
-        trees.append((f"this checkout ({commit()})", Path(__file__).resolve().parents[1]))
-        for label, tree in trees:
-            print(f"measuring {label} ...", file=sys.stderr, flush=True)
-            labels.append(label)
-            results.append(measure(tree, args.target, args.python))
+        for rev in args.rev:
+            labels.append(rev)
+            results.append(measure_revision(rev, args.target, args.python, args.keep, stack))
+        if args.only_revisions:
+            return 0
+        print("measuring this checkout ...", file=sys.stderr, flush=True)
+        labels.append(f"this checkout ({commit()})")
+        results.append(measure(Path(__file__).resolve().parents[1], args.target, args.python))
 
     kill_names = list(dict.fromkeys(name for result in results for name in result["kills"]))
     trace_names = sorted({name for result in results for name in result["corpus"]})
