@@ -2,28 +2,30 @@
 
 An adapter subclasses :class:`SchedulerDrivenTarget` and supplies the
 allocator-specific hooks (make a request, look up its hit, allocate slots,
-free, evict, reset, read its table); the request lifecycle is written once
-here, so two targets can only differ in their allocators.
+free, evict, reset, read its table: :mod:`kvcheck.targets.allocator_hooks`);
+the request lifecycle is written once, so two targets can only differ in
+their allocators.  This module schedules one operation; the requests'
+bookkeeping is :mod:`kvcheck.targets.scheduler_state`, the target's side of
+its steps in flight :mod:`kvcheck.targets.in_flight`, and what it reports
+beside the allocator's state :mod:`kvcheck.targets.observed_state`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from kvcheck.targets.pipeline import GroupPositions, StepPipeline, read_positions
-from kvcheck.vllm_releases import semantics_in_force
-from kvmodel.config import TargetConfig
-from kvmodel.observation import CacheEvent, ClearedEvent, Observation, RemovedEvent, StoredEvent
+from kvcheck.targets.allocator_hooks import block_ids
+from kvcheck.targets.in_flight import InFlightSteps
+from kvcheck.targets.observed_state import ObservedState
+from kvmodel.observation import Observation
 from kvmodel.ops import (
     AddRequest,
     EvictBlocks,
     FailedLoad,
     Finish,
     FinishAsyncLoad,
-    GroupIds,
     Operation,
     Preempt,
     ProcessOutput,
@@ -34,16 +36,12 @@ from kvmodel.ops import (
     StepResult,
     flat_state_offloads,
 )
-from kvmodel.semantics import Semantics
 from kvmodel.step_plans import ends_short_of_its_state, plan_async_load, plan_step
 
-
-def block_ids(groups: Any) -> GroupIds:
-    """Block ids of per-group block lists."""
-    return tuple(tuple(block.block_id for block in group) for group in groups)
+__all__ = ["SchedulerDrivenTarget", "block_ids"]
 
 
-class SchedulerDrivenTarget:
+class SchedulerDrivenTarget(InFlightSteps, ObservedState):
     """The request lifecycle of a scheduler, over allocator-specific hooks.
 
     A waiting request takes its local hit, then up to the operation's external
@@ -55,53 +53,6 @@ class SchedulerDrivenTarget:
     with ``delay_cache_blocks`` and caches when it lands.  Under async
     scheduling steps go in flight (:mod:`kvcheck.targets.pipeline`).
     """
-
-    def __init__(self, config: TargetConfig, semantics: Semantics | None = None) -> None:
-        self.config = config
-        self._block_sizes = config.block_sizes
-        self.requests: dict[str, Any] = {}
-        self.running: set[str] = set()
-        self.loading: set[str] = set()
-        # The scheduler's calls follow the release in force (kvcheck/vllm_releases.py).
-        self.pipeline = StepPipeline.for_config(config, semantics_in_force() if semantics is None else semantics)
-        # Hashes are opaque bytes; observations speak of token prefixes.
-        self._prefix_of_hash: dict[bytes, tuple[int, ...]] = {}
-        # The same, keyed as KV cache events publish hashes.
-        self._prefix_of_event_hash: dict[Hashable, tuple[int, ...]] = {}
-        self.events: list[CacheEvent] = []
-        self._hashes_learned: dict[str, int] = {}
-        self._draft_tokens: dict[str, int] = {}
-        # Per request, the tokens its last step ran up to, drafts included: where vLLM's model runner
-        # saved its align-mode Mamba state, and reads it from at the next step (none once preempted).
-        self._state_tokens: dict[str, int] = {}
-
-    # -- hooks ----------------------------------------------------------------
-
-    def _new_request(self, request_id: str, prompt: tuple[int, ...]) -> Any:
-        raise NotImplementedError
-
-    def _get_computed_blocks(self, request: Any) -> tuple[Any, int]:
-        """The local hit: blocks per group (as the allocator passes them back) and its length in tokens."""
-        raise NotImplementedError
-
-    def _allocate_slots(
-        self,
-        request: Any,
-        num_new_tokens: int,
-        hit: tuple[Any, int] | None,
-        external: int,
-        num_lookahead_tokens: int,
-        delay_cache_blocks: bool = False,
-    ) -> Any:
-        """``allocate_slots``; ``hit`` is ``None`` for a running request. Returns the new blocks or ``None``."""
-        raise NotImplementedError
-
-    def _get_num_cached_tokens(self, request: Any) -> int:
-        """``get_num_cached_tokens``: the probe of a release that has it."""
-        raise NotImplementedError
-
-    def observe(self) -> Observation:
-        raise NotImplementedError
 
     def _probe(self, request: Any) -> tuple[int, tuple[str, ...]]:
         """The probe's answer for a waiting request, and the observed fields it changed."""
@@ -115,77 +66,6 @@ class SchedulerDrivenTarget:
         )
         return probed, changed
 
-    def _truncate_computed_blocks(self, blocks: Any, num_tokens: int) -> Any:
-        """``truncate_computed_blocks``: a hit's blocks cut back to its first ``num_tokens`` tokens."""
-        raise NotImplementedError
-
-    def _free(self, request: Any) -> None:
-        raise NotImplementedError
-
-    def _pop_blocks_for_free(self, request: Any) -> Any:
-        """``pop_blocks_for_free``: the request's blocks, forgotten by the allocator but still referenced."""
-        raise NotImplementedError
-
-    def _free_popped(self, popped: Any) -> None:
-        """Return blocks from :meth:`_pop_blocks_for_free` to the pool, tail first, as the scheduler does."""
-        raise NotImplementedError
-
-    def _take_block_copies(self) -> tuple[list[tuple[int, int]], list[Any]]:
-        """The block copies the step queued, as (source, destination) block ids, and their endpoints
-        (each copy's source, then its destination), held until :meth:`_free_retained` (none by default)."""
-        return [], []
-
-    def _free_retained(self, blocks: list[Any]) -> None:
-        """Release the endpoints of run block copies, in the order given."""
-        raise NotImplementedError
-
-    def _take_new_block_ids(self) -> list[int]:
-        """``take_new_block_ids``: the blocks recorded for the worker to zero since the last call."""
-        raise NotImplementedError
-
-    def _take_state_offloads(self) -> Mapping[str, Sequence[tuple[int, int, int]]]:
-        """``take_boundary_state_offloads``: the boundary states offered a connector since the last call."""
-        raise NotImplementedError
-
-    def _finalize_tail_offloads(self, request: Any) -> list[tuple[int, int, int]]:
-        """``finalize_partial_tail_offloads``: a finishing request's states left inside the blocks it was
-        writing, offered before its free."""
-        raise NotImplementedError
-
-    def _new_step_starts(self) -> None:
-        """``new_step_starts``, called as a scheduler step begins (nothing by default)."""
-
-    def _take_events(self) -> list[Any]:
-        """``take_events``: the allocator's KV cache events queued since the last call."""
-        raise NotImplementedError
-
-    def _event_hash(self, block_hash: bytes) -> Hashable:
-        """A block hash as the allocator's KV cache events publish it (as it is, by default)."""
-        return block_hash
-
-    def _read_event(self, event: Any) -> list[CacheEvent]:
-        """An allocator's KV cache event, its hashes read as token prefixes; ``BlockRemoved`` gives one
-        event per hash.  The event classes are told apart by name, the fields read as vLLM names them."""
-        kind = type(event).__name__
-        prefix = self._prefix_of_event_hash.__getitem__
-        if kind == "BlockStored":
-            lookahead = event.lookahead_token_ids
-            return [
-                StoredEvent(
-                    group=event.group_idx,
-                    prefixes=tuple(prefix(h) for h in event.block_hashes),
-                    parent=None if event.parent_block_hash is None else prefix(event.parent_block_hash),
-                    token_ids=tuple(event.token_ids),
-                    block_size=event.block_size,
-                    lookahead_token_ids=None if lookahead is None else tuple(tuple(ids) for ids in lookahead),
-                )
-            ]
-        if kind == "BlockRemoved":
-            return [RemovedEvent(event.group_idx, prefix(h)) for h in event.block_hashes]
-        if kind == "AllBlocksCleared":
-            return [ClearedEvent()]
-        raise TypeError(f"unknown KV cache event {event!r}")
-
     def _admission_gates(self, request_id: str, waiting: bool) -> dict[str, Any]:
         """The ``allocate_slots`` keywords vLLM's scheduler adds when it admits a waiting request (new,
         preempted, or back from an asynchronous load): none for a running one."""
@@ -198,32 +78,6 @@ class SchedulerDrivenTarget:
             "reserved_blocks": self.config.reserved_blocks,
             "has_scheduled_reqs": any(other != request_id for other in self.running),
         }
-
-    def _cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        """``cache_blocks``, as a scheduler calls it after a speculative step's output."""
-        raise NotImplementedError
-
-    def _evict(self, block_ids: set[int]) -> None:
-        raise NotImplementedError
-
-    def _reset_prefix_cache(self) -> bool:
-        raise NotImplementedError
-
-    def _table(self, request_id: str) -> GroupIds:
-        raise NotImplementedError
-
-    def _block_ids(self, blocks: Any) -> GroupIds:
-        """Block ids of what the allocator returned for a hit or an allocation (per-group lists by default)."""
-        return block_ids(blocks)
-
-    def _on_admitted(self, request: Any) -> None:
-        """Status bookkeeping after admission (nothing by default)."""
-
-    def _on_preempted(self, request: Any, was_running: bool) -> None:
-        """Status bookkeeping after preemption (nothing by default)."""
-
-    def _on_finished(self, request: Any) -> None:
-        """Status bookkeeping before the request is freed for good (nothing by default)."""
 
     # -- operations -----------------------------------------------------------
 
@@ -240,16 +94,12 @@ class SchedulerDrivenTarget:
             result = attrs.evolve(result, state_offloads=result.state_offloads + offloads)
         if self.config.enable_kv_cache_events:
             # As vLLM's scheduler publishes them: every event of the step, once it is done.
-            for event in self._take_events():
-                self.events.extend(self._read_event(event))
+            self._record_events()
         return result
 
     def _apply(self, op: Operation) -> StepResult:
         if isinstance(op, AddRequest):
-            request = self._new_request(op.request_id, op.prompt)
-            self.requests[op.request_id] = request
-            self._hashes_learned[op.request_id] = 0
-            self._learn_hashes(op.request_id)
+            self._add_request(op.request_id, op.prompt)
             return StepResult()
         if isinstance(op, Schedule):
             return self._schedule(op)
@@ -268,17 +118,7 @@ class SchedulerDrivenTarget:
                 self._cache_blocks(request, request.num_computed_tokens)
             return StepResult()
         if isinstance(op, Finish):
-            request = self.requests[op.request_id]
-            self._on_finished(request)
-            # As vLLM's scheduler hands a producer connector the finished request's blocks, before the free.
-            tails = self._finalize_tail_offloads(request)
-            self._release(request, op.request_id, finished=True)
-            del self.requests[op.request_id], self._hashes_learned[op.request_id]
-            self._draft_tokens.pop(op.request_id, None)
-            self._state_tokens.pop(op.request_id, None)
-            self.running.discard(op.request_id)
-            self.loading.discard(op.request_id)
-            return StepResult(state_offloads=flat_state_offloads({op.request_id: tails}))
+            return self._finish(op.request_id)
         if isinstance(op, FailedLoad):
             self._evict({block_id for table in self._table(op.request_id) for block_id in table if block_id})
             self._preempt(op.request_id)
@@ -363,22 +203,6 @@ class SchedulerDrivenTarget:
             probe_changed=probe[1],
         )
 
-    def _release_copies(self) -> tuple[tuple[int, int], ...]:
-        """Take the step's block copies and release their endpoints as vLLM's scheduler does once the
-        step is scheduled: at once, or with deferred frees once the step is processed (a deferred free
-        is released last block first, so the endpoints go in reversed)."""
-        copies, retained = self._take_block_copies()
-        if retained:
-            if self.pipeline.defer_block_free:
-                self.pipeline.defer_free(self._deferred_retained(retained))
-            else:
-                self._free_retained(retained)
-        return tuple(copies)
-
-    def _deferred_retained(self, blocks: list[Any]) -> list[Any]:
-        """The endpoints of copies as a deferred free holds them: reversed, as it frees last block first."""
-        return blocks[::-1]
-
     def _spec_decode(self, op: SpecDecode) -> StepResult:
         """Schedule the last token and the drafts, then roll back the rejected drafts and append the
         accepted ones and a bonus token, as vLLM's scheduler does with the verifier's output."""
@@ -449,95 +273,3 @@ class SchedulerDrivenTarget:
         if hit_length == hit[1]:
             return hit
         return self._truncate_computed_blocks(hit[0], hit_length), hit_length
-
-    def _process_output(self) -> None:
-        def append(request: Any, token: int) -> None:
-            request.append_output_token_ids(token)
-            self._learn_hashes(request.request_id)
-
-        self.pipeline.process_next(
-            self.requests.get, self.running.__contains__, append, self._cache_blocks, self._free_popped
-        )
-
-    def _read_positions(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> GroupPositions:
-        """The block positions, per group, that a step of ``request`` reads and writes."""
-        config = self.config
-        return read_positions(
-            config.groups,
-            self._block_sizes,
-            num_computed_tokens,
-            num_new_tokens,
-            request.num_prompt_tokens,
-            config.num_encoder_tokens,
-            self._state_tokens.get(request.request_id),
-        )
-
-    def _reads(self, request: Any, num_computed_tokens: int, num_new_tokens: int) -> GroupIds:
-        """Block ids at the positions a step reads and writes, per group (0 where the table has none)."""
-        if not self.config.async_scheduling:
-            return ()
-        table = self._table(request.request_id)
-        positions = self._read_positions(request, num_computed_tokens, num_new_tokens)
-        return tuple(
-            tuple(blocks[p] if p < len(blocks) else 0 for p in group_positions)
-            for blocks, group_positions in zip(table, positions)
-        )
-
-    def _release(self, request: Any, request_id: str, finished: bool) -> None:
-        """Free the request's blocks, or pop them for a deferred free while a step of it is in flight."""
-        if self.pipeline.must_defer_free(request_id):
-            popped = self._pop_blocks_for_free(request)
-            if popped:
-                self.pipeline.defer_free(popped)
-        else:
-            self._free(request)
-        self.pipeline.freed(request, request_id, finished)
-
-    def _preempt(self, request_id: str) -> None:
-        request = self.requests[request_id]
-        self._release(request, request_id, finished=False)
-        request.num_computed_tokens = 0
-        self._state_tokens.pop(request_id, None)
-        self._on_preempted(request, request_id in self.running)
-        self.running.discard(request_id)
-        self.loading.discard(request_id)
-
-    def _popped_ids(self, popped: Any) -> tuple[int, ...]:
-        return tuple(block.block_id for block in popped)
-
-    def pipeline_fields(self) -> dict[str, Any]:
-        """The observation's view of the deferred frees and the reads of steps in flight."""
-        return {
-            "deferred_frees": tuple(self._popped_ids(popped) for _, popped in self.pipeline.deferred),
-            "in_flight_reads": self.pipeline.held_reads(),
-            "events": tuple(self.events),
-            "prompt_lengths": {rid: request.num_prompt_tokens for rid, request in self.requests.items()},
-            "draft_tokens": dict(self._draft_tokens),
-            "state_tokens": dict(self._state_tokens),
-        }
-
-    def _learn_hashes(self, request_id: str) -> None:
-        request = self.requests[request_id]
-        block_size = self.config.hash_size
-        tokens = request.all_token_ids
-        hashes = request.block_hashes
-        for index in range(self._hashes_learned[request_id], len(hashes)):
-            end = (index + 1) * block_size + self.config.num_hash_lookahead_tokens
-            prefix = self._prefix_of_hash.setdefault(hashes[index], tuple(tokens[:end]))
-            if self.config.enable_kv_cache_events:
-                self._prefix_of_event_hash.setdefault(self._event_hash(hashes[index]), prefix)
-        self._hashes_learned[request_id] = len(hashes)
-
-    def _holding_request_ids(self) -> list[str]:
-        """Requests the allocator keeps tables for (by default, the live ones); an allocator that
-        leaks a finished request's table should report it here."""
-        return list(self.requests)
-
-    def tables(self) -> dict[str, GroupIds]:
-        """Each request holding blocks, with its table per group (0 is the null block)."""
-        tables = {}
-        for request_id in self._holding_request_ids():
-            table = self._table(request_id)
-            if any(table):
-                tables[request_id] = table
-        return tables
