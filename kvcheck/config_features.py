@@ -81,7 +81,7 @@ def prefill_checkpoints(rng: random.Random, config: TargetConfig, share: float) 
     if config.async_scheduling and config.num_hash_lookahead_tokens:
         return config  # a vLLM 0.33.0 defect (tests/vllm/test_known_defects.py)
     groups = tuple(
-        attrs.evolve(group, prefill_checkpoint_alignment=alignment) if group.kind == "mamba_align" else group
+        attrs.evolve(group, prefill_checkpoint_alignment=alignment) if group.rules.aligned_states else group
         for group in config.groups
     )
     return attrs.evolve(config, groups=groups).validate()
@@ -107,7 +107,7 @@ def wider_states(rng: random.Random, config: TargetConfig, share: float) -> Targ
     block size, those groups' blocks twice as large as the attention blocks and the hashes: hits may
     then end inside a state block (vLLM's fine-grained hits).  (Drawn last.)"""
     widened = [
-        index for index, group in enumerate(config.groups) if group.kind == "mamba_align" and group.block_size is None
+        index for index, group in enumerate(config.groups) if group.rules.aligned_states and group.block_size is None
     ]
     if len(config.groups) == 1 or not widened or rng.random() >= share:
         return config

@@ -80,6 +80,14 @@ from kvcheck.config_features import (
     state_retention,
     wider_states,
 )
+from kvcheck.kinds import BESIDE_STATES_DRAWS, MIXED_DRAWS
+from kvcheck.kinds.chunked_local import CHUNKED_LOCAL
+from kvcheck.kinds.cross_attention import CROSS_ATTENTION
+from kvcheck.kinds.full import FULL, MLA
+from kvcheck.kinds.mamba import ALIGN, MAMBA
+from kvcheck.kinds.ring import RING
+from kvcheck.kinds.rswa import RSWA
+from kvcheck.kinds.sliding_window import SLIDING_WINDOW, SLIDING_WINDOW_MLA
 from kvmodel.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
 
 
@@ -94,36 +102,10 @@ class _Admission(TypedDict, total=False):
     num_encoder_tokens: int
 
 
-def _any_group(rng: random.Random, block_size: int) -> GroupSpec:
-    kind = rng.choice(["full", "mla", "sliding_window", "chunked_local", "rswa", "ring"])
-    if kind == "sliding_window":
-        # Short windows slide within a short run; long ones keep hits intact.  One in four is over
-        # MLA's latent vectors (a spec of its own).
-        if rng.random() < 1 / 4:
-            kind = "sliding_window_mla"
-        return GroupSpec(kind=kind, window=rng.randint(2, rng.choice([4, 16]) * block_size))
-    if kind == "chunked_local":
-        return GroupSpec(kind=kind, window=block_size * rng.randint(1, rng.choice([4, 16])))
-    if kind == "rswa":
-        return _rswa_group(rng, block_size)
-    return GroupSpec(kind=kind)
-
-
-def _rswa_group(rng: random.Random, block_size: int) -> GroupSpec:
-    """An R-SWA group whose window of generated tokens is a few blocks at most, so the gap opens in a short run."""
-    return GroupSpec(kind="rswa", window=rng.randint(1, block_size))
-
-
-def _mamba_group(rng: random.Random) -> GroupSpec:
-    """A Mamba group, reserving blocks for an MTP verifier's draft states in three draws in four."""
-    return GroupSpec(kind="mamba", speculative_blocks=rng.choice([0, 1, 1, 2]))
-
-
 def _local_group(rng: random.Random, block_size: int) -> GroupSpec:
     """A local-attention group with a window a few blocks long, as in shipped hybrid models."""
-    if rng.random() < 0.5:
-        return GroupSpec(kind="sliding_window", window=rng.randint(2, 4 * block_size))
-    return GroupSpec(kind="chunked_local", window=block_size * rng.randint(1, 4))
+    kind = SLIDING_WINDOW if rng.random() < 0.5 else CHUNKED_LOCAL
+    return kind.draw_short(rng, block_size)
 
 
 SHIPPED_LAYOUTS = ("gemma", "llama", "rswa", "deepseek", "compressed", "mamba", "encoder_decoder")
@@ -141,45 +123,45 @@ def _layout_groups(
     when the layout has one of their own."""
     if layout == "gemma":
         # vLLM splits Gemma 3's many sliding-window layers into several groups of one spec, looked up together.
-        return (GroupSpec(kind="full"), *(_local_group(rng, block_size),) * (count - 1)), None
+        return (FULL.group(), *(_local_group(rng, block_size),) * (count - 1)), None
     if layout == "llama":
-        return (GroupSpec(kind="full"), *(_local_group(rng, block_size) for _ in range(count - 1))), None
+        return (FULL.group(), *(_local_group(rng, block_size) for _ in range(count - 1))), None
     if layout == "rswa":
         # A multimodal model with R-SWA layers beside full attention; with one group, its R-SWA layers alone.
         if count == 1:
-            return (_rswa_group(rng, block_size),), None
-        return (GroupSpec(kind="full"), *(_rswa_group(rng, block_size),) * (count - 1)), None
+            return (RSWA.draw_short(rng, block_size),), None
+        return (FULL.group(), *(RSWA.draw_short(rng, block_size),) * (count - 1)), None
     if layout == "deepseek":
         # MLA layers, and an EAGLE drafter's full-attention layers in a group of their own; in half the
         # draws with room, sliding-window MLA layers too (DeepSeek V4).
-        main = [GroupSpec(kind="mla")] * (count - 1)
+        main = [MLA.group()] * (count - 1)
         if count > 2 and rng.random() < 0.5:
-            main[-1] = GroupSpec(kind="sliding_window_mla", window=rng.randint(2, 4 * block_size))
-        return (*main, GroupSpec(kind="full")), count - 1
+            main[-1] = SLIDING_WINDOW_MLA.draw_short(rng, block_size)
+        return (*main, FULL.group()), count - 1
     if layout == "compressed":
         # Full attention, the compressor's ring buffer, and possibly local layers.
         return (
-            GroupSpec(kind="full"),
-            GroupSpec(kind="ring"),
+            FULL.group(),
+            RING.group(),
             *(_local_group(rng, block_size) for _ in range(count - 2)),
         ), None
     if layout == "mamba":
         # Jamba, Nemotron-H, Granite 4, Qwen3-Next without prefix caching: attention layers, then Mamba
         # layers split into groups of one spec; with one group, a pure Mamba model (Mamba 2).
         if count == 1:
-            return (_mamba_group(rng),), None
-        return (GroupSpec(kind="full"), *(_mamba_group(rng),) * (count - 1)), None
+            return (MAMBA.draw(rng, block_size),), None
+        return (FULL.group(), *(MAMBA.draw(rng, block_size),) * (count - 1)), None
     if layout == "samba":
         # Samba's Mamba and sliding-window layers; with three groups or more, full attention first too
         # (Phi-4-mini-flash).
         window = _window_beside_states(rng, block_size)
         if count == 2:
-            return (window, _mamba_group(rng)), None
-        return (GroupSpec(kind="full"), window, *(_mamba_group(rng),) * (count - 2)), None
+            return (window, MAMBA.draw(rng, block_size)), None
+        return (FULL.group(), window, *(MAMBA.draw(rng, block_size),) * (count - 2)), None
     if layout == "encoder_decoder":
         # Whisper: decoder self-attention and cross-attention, without prefix caching.
-        return (*(GroupSpec(kind="full"),) * (count - 1), GroupSpec(kind="cross_attention")), None
-    return tuple(_any_group(rng, block_size) for _ in range(count)), None
+        return (*(FULL.group(),) * (count - 1), CROSS_ATTENTION.group()), None
+    return tuple(rng.choice(MIXED_DRAWS).draw(rng, block_size) for _ in range(count)), None
 
 
 def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
@@ -190,16 +172,10 @@ def _window_beside_states(rng: random.Random, block_size: int) -> GroupSpec:
     group so hashed turns sub-block hits off (vLLM 0.33.0), while R-SWA looks up inside its blocks as
     full attention does."""
     # R-SWA in half the draws: its hits inside its blocks need sub-block hits on as well.
-    kind = rng.choice(["sliding_window", "chunked_local", "rswa", "rswa"])
-    wide = rng.random() < 1 / 2 or kind == "rswa"
+    kind = rng.choice(BESIDE_STATES_DRAWS)
+    wide = rng.random() < 1 / 2 or kind.wide_beside_states
     size = (2 if wide else 1) * block_size
-    if kind == "rswa":
-        window = _rswa_group(rng, size)
-    elif kind == "sliding_window":
-        window = GroupSpec(kind=kind, window=rng.randint(2, 4 * size))
-    else:
-        window = GroupSpec(kind=kind, window=size * rng.randint(1, 4))
-    return attrs.evolve(window, block_size=size if wide else None)
+    return attrs.evolve(kind.draw_short(rng, size), block_size=size if wide else None)
 
 
 def _draw_layout(rng: random.Random, count: int) -> str:
@@ -269,23 +245,24 @@ def random_config(
         enable_caching = True
     if layout in ("mamba", "samba") and enable_caching:
         # Prefix caching of Mamba states: vLLM's align mode, with the same speculative blocks.
-        groups = tuple(attrs.evolve(group, kind="mamba_align") if group.kind == "mamba" else group for group in groups)
+        groups = tuple(attrs.evolve(group, kind=ALIGN.name) if group.kind == MAMBA.name else group for group in groups)
     if encoder_decoder or any(group.kind in CACHING_OFF_KINDS for group in groups):
         enable_caching = False
-    elif enable_caching and count > 1 and all(group.kind == "ring" for group in groups):
-        # vLLM needs a group in the prefix cache when it is on.
-        groups = (GroupSpec(kind="full"), *groups[1:])
+    elif enable_caching and count > 1 and all(not group.rules.in_prefix_cache for group in groups):
+        # vLLM needs a group in the prefix cache when it is on (none of the kinds left out of it but a ring
+        # buffer runs with caching on).
+        groups = (FULL.group(), *groups[1:])
     num_encoder_tokens = rng.randint(1, 3 * block_size) if encoder_decoder else 0
     # An EAGLE drafter in half the runs with caching on (its drop only shapes
     # prefix hits; drawn after the rest, so the configuration is otherwise the
     # same); vLLM refuses it beside a chunked-local group while caching is on.
     eagle_drawn = rng.random() < 1 / 2 or layout == "deepseek"
     # A draft model has no Mamba layers.
-    can_drop = [index for index, group in enumerate(groups) if group.kind not in ("chunked_local", "mamba_align")]
+    can_drop = [index for index, group in enumerate(groups) if not (group.rules.chunked or group.rules.aligned_states)]
     # Beside a chunked-local group the drafter sits in other groups only
     # (vLLM cannot drop a chunked-local hit), as an EAGLE head beside Llama 4's layers.
     # (Beside an align-mode Mamba group the drafter is drawn last: config_features.drafter_beside_states.)
-    aligned_mamba = any(group.kind == "mamba_align" for group in groups)
+    aligned_mamba = any(group.rules.aligned_states for group in groups)
     use_eagle = eagle_drawn and enable_caching and bool(can_drop) and not aligned_mamba
     must_name_drafters = use_eagle and len(can_drop) < count
     # A drafter proposes a few tokens per step, and every step reserves slots for them.
@@ -301,7 +278,7 @@ def random_config(
     hash_lookahead = prefill_lookahead = 0
     if enable_caching and not use_eagle and mode < 1 / 3:
         hash_lookahead = prefill_lookahead = rng.choice([1, 1, 2, 3])
-        if hash_lookahead > 1 and any(group.kind != "full" for group in groups):
+        if hash_lookahead > 1 and any(group.kind != FULL.name for group in groups):
             # vLLM 0.33.0's local-attention lookups index past the hashes then
             # (tests/vllm/test_known_defects.py): MTP's longer lookahead is
             # drawn for full-attention layouts only.

@@ -48,6 +48,7 @@ from typing import Any
 
 import attrs
 
+from kvcheck.kinds import kind_of
 from kvcheck.targets.vllm_internals import CACHE_ENTRIES, layout
 from kvcheck.targets.vllm_target import (
     HASH_ALGORITHM,
@@ -781,7 +782,7 @@ def _check_call(
         kwargs["draft_tokens"] = value_node({rid: model.draft_tokens[rid] for rid in sorted(model.draft_tokens)})
     if config.aligned_mamba_group_ids and model.state_tokens:
         kwargs["state_tokens"] = value_node({rid: model.state_tokens[rid] for rid in sorted(model.state_tokens)})
-    if any(group.kind == "rswa" for group in config.groups):
+    if any(group.rules.keeps_prompt for group in config.groups):
         kwargs["prompt_lengths"] = value_node({rid: model.prompt_lengths[rid] for rid in sorted(model.tables)})
     if config.async_scheduling:
         held = list(recorder.pipeline.held_reads())
@@ -952,19 +953,8 @@ def _docstring(trace: Trace, facts: FileFacts, verdict: InvariantViolation | Non
 
 
 def _imports(config: TargetConfig, uses: set[str]) -> str:
-    specs = {
-        "full": "FullAttentionSpec",
-        "sliding_window": "SlidingWindowSpec",
-        "sliding_window_mla": "SlidingWindowMLASpec",
-        "chunked_local": "ChunkedLocalAttentionSpec",
-        "rswa": "RSWASpec",
-        "ring": "CircularBufferSpec",
-        "cross_attention": "CrossAttentionSpec",
-        "mla": "MLAAttentionSpec",
-        "mamba": "MambaSpec",
-        "mamba_align": "MambaSpec",
-    }
-    interface = sorted({specs[group.kind] for group in config.groups} | {"KVCacheConfig", "KVCacheGroupSpec"})
+    specs = {kind_of(group.kind).vllm_spec_name for group in config.groups}
+    interface = sorted(specs | {"KVCacheConfig", "KVCacheGroupSpec"})
     request_names = ["Request"] + (["RequestStatus"] if "RequestStatus" in uses else [])
     lines = [
         "from __future__ import annotations",
@@ -1022,7 +1012,7 @@ def _constants(config: TargetConfig, vllm_version: str) -> str:
             f"SPECULATIVE_BLOCKS = {[group.speculative_blocks for group in config.groups]}",
             '"""Blocks a Mamba group reserves past its slots for draft states (0 for other groups)."""',
             f"NUM_LOOKAHEAD_TOKENS = {config.num_lookahead_tokens}",
-            f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.kind == 'mamba_align']}",
+            f"MAIN_MODEL_GROUPS = {[g for g, group in enumerate(config.groups) if group.rules.aligned_states]}",
             '"""Groups a drafter has no layers in (align-mode Mamba): their slots leave out the lookahead."""',
             f"MAX_LIVE_STATES = {_max_live_states(config)}",
             '"""Live states (checkpoints too) an align-mode Mamba table holds at most, beside speculative blocks."""',
@@ -1055,7 +1045,7 @@ def _checkpoint_fields(group: GroupSpec) -> dict[str, Node]:
 
 def _encoder_blocks(config: TargetConfig) -> int:
     """Blocks the cross-attention group (if any) holds for the encoder's tokens."""
-    sizes = [size for group, size in zip(config.groups, config.block_sizes) if group.kind == "cross_attention"]
+    sizes = [size for group, size in zip(config.groups, config.block_sizes) if group.rules.encoder_blocks]
     return -(-config.num_encoder_tokens // sizes[0]) if sizes else 0
 
 
@@ -1069,33 +1059,23 @@ def _make_manager(config: TargetConfig) -> str:
         if group.dcp_replicated:
             # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
             size["dcp_sharded"] = value_node(False)
-        if group.kind == "full":
-            spec = call("FullAttentionSpec", layout_arg, **size)
-        elif group.kind == "sliding_window":
-            spec = call("SlidingWindowSpec", layout_arg, sliding_window=value_node(group.window), **size)
-        elif group.kind == "sliding_window_mla":
-            spec = call("SlidingWindowMLASpec", layout_arg, sliding_window=value_node(group.window), **size)
-        elif group.kind == "rswa":
-            spec = call("RSWASpec", layout_arg, rswa_window=value_node(group.window), **size)
-        elif group.kind == "ring":
-            spec = call("CircularBufferSpec", layout_arg, **size)
-        elif group.kind == "cross_attention":
-            spec = call("CrossAttentionSpec", layout_arg, **size)
-        elif group.kind == "mla":
-            spec = call("MLAAttentionSpec", layout_arg, **size)
-        elif group.kind in ("mamba", "mamba_align"):
+        kind = kind_of(group.kind)
+        if kind.mamba_cache_mode is not None:
             # One small state tensor: the allocator reads the block size, the mode and the speculative blocks.
             spec = call(
-                "MambaSpec",
+                kind.vllm_spec_name,
                 shapes=value_node(((1,),)),
                 dtypes=Atom('(STR_DTYPE_TO_TORCH_DTYPE["float32"],)'),
                 block_size=value_node(config.spec_block_size(index)),
-                mamba_cache_mode=value_node("align" if group.kind == "mamba_align" else "none"),
+                mamba_cache_mode=value_node(kind.mamba_cache_mode),
                 num_speculative_blocks=value_node(group.speculative_blocks),
                 **_checkpoint_fields(group),
             )
         else:
-            spec = call("ChunkedLocalAttentionSpec", layout_arg, attention_chunk_size=value_node(group.window), **size)
+            window: dict[str, Node] = (
+                {} if kind.vllm_window_field is None else {kind.vllm_window_field: value_node(group.window)}
+            )
+            spec = call(kind.vllm_spec_name, layout_arg, **window, **size)
         # kvcheck's make_manager passes the window first; keyword order does not matter to vLLM.
         specs.append(
             call(
@@ -1150,7 +1130,7 @@ def _make_manager(config: TargetConfig) -> str:
         f"{INDENT}# Once per process in vLLM's engine core, before any block is hashed.",
         f"{INDENT}init_none_hash(get_hash_fn_by_name({_quote(HASH_ALGORITHM)}))",
     ]
-    if any(group.kind not in ("mamba", "mamba_align") for group in config.groups):  # Mamba takes no layout
+    if any(not group.rules.holds_state for group in config.groups):  # Mamba takes no layout
         lines += lay_out(layout_node, indent=4, prefix="layout = ")
     if any(group.kv_cache_dtype == "fp8" for group in config.groups):
         lines.append(f'{INDENT}fp8_layout = {{**layout, "dtype": STR_DTYPE_TO_TORCH_DTYPE["fp8"]}}')

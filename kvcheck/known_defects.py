@@ -18,6 +18,10 @@ from typing import Any
 
 import attrs
 
+from kvcheck.kinds.chunked_local import CHUNKED_LOCAL
+from kvcheck.kinds.full import FULL
+from kvcheck.kinds.mamba import ALIGN
+from kvcheck.kinds.sliding_window import SLIDING_WINDOW
 from kvmodel.config import GroupSpec
 
 
@@ -58,7 +62,7 @@ def _local_lookup_past_lookahead_hashes(group: GroupSpec) -> bool:
 def _external_tokens_uncounted_beside_mamba() -> bool:
     from kvcheck.targets.vllm_target import make_manager, make_request
 
-    manager = make_manager([GroupSpec(kind="full"), GroupSpec(kind="mamba_align")], 7, 2, True)
+    manager = make_manager([FULL.group(), ALIGN.group()], 7, 2, True)
     request = make_request("a", list(range(10)), 2)
     return _raises(ValueError, lambda: manager.allocate_slots(request, 1, num_external_computed_tokens=8))
 
@@ -66,7 +70,7 @@ def _external_tokens_uncounted_beside_mamba() -> bool:
 def _checkpoint_past_the_hashes_async() -> bool:
     from kvcheck.targets.vllm_target import make_manager, make_request
 
-    group = GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1)
+    group = ALIGN.group(prefill_checkpoint_alignment=1)
     manager = make_manager([group], 16, 1, True, num_hash_lookahead_tokens=1, num_prefill_lookahead=1)
     request = make_request("a", list(range(8)), 1, num_hash_lookahead_tokens=1)
     if len(request.block_hashes) != 7 or manager.allocate_slots(request, 7) is None:
@@ -78,7 +82,7 @@ def _checkpoint_past_the_hashes_async() -> bool:
 def _spec_step_beside_checkpoints() -> bool:
     from kvcheck.targets.vllm_target import make_manager, make_request
 
-    group = GroupSpec(kind="mamba_align", prefill_checkpoint_alignment=1)
+    group = ALIGN.group(prefill_checkpoint_alignment=1)
     manager = make_manager([group], 4, 3, True)
     request = make_request("a", [0] * 14, 3)
     for num_new_tokens, sampled in ((12, False), (2, True), (1, True)):
@@ -95,7 +99,7 @@ def _spec_step_beside_checkpoints() -> bool:
 def _short_step_after_rejected_drafts() -> bool:
     from kvcheck.targets.vllm_target import make_manager, make_request
 
-    manager = make_manager([GroupSpec(kind="mamba_align")], 8, 1, True)
+    manager = make_manager([ALIGN.group()], 8, 1, True)
     states = manager.coordinator.single_type_managers[0]
     request = make_request("a", [0], 1)
     if manager.allocate_slots(request, 1) is None:
@@ -121,7 +125,7 @@ def _drafter_in_every_group(attention: GroupSpec, block_sizes: list[int], hash_b
     from kvcheck.targets.vllm_target import make_manager
 
     return make_manager(
-        [attention, GroupSpec(kind="mamba_align")],
+        [attention, ALIGN.group()],
         16,
         block_sizes,
         True,
@@ -150,7 +154,7 @@ def _keys_of_the_first_state_block(manager: Any, request: Any, chunks: tuple[int
 def _state_keyed_late_with_sub_block_hits() -> bool:
     from kvcheck.targets.vllm_target import make_request
 
-    manager = _drafter_in_every_group(GroupSpec(kind="full"), [2, 4], 2)
+    manager = _drafter_in_every_group(FULL.group(), [2, 4], 2)
     states = manager.coordinator.single_type_managers[1]
     request = make_request("a", list(range(5)), 2)
     # Keyed after 2 tokens in the step computing token 3 into the block, not in the one ending at 2.
@@ -165,7 +169,7 @@ def _state_keyed_late_with_sub_block_hits() -> bool:
 def _state_keyed_late_without_sub_block_hits() -> bool:
     from kvcheck.targets.vllm_target import make_request
 
-    manager = _drafter_in_every_group(GroupSpec(kind="sliding_window", window=2), [2, 2], 1)
+    manager = _drafter_in_every_group(SLIDING_WINDOW.group(window=2), [2, 2], 1)
     if manager.coordinator.enable_partial_hash_hits:
         return False
     states = manager.coordinator.single_type_managers[1]
@@ -192,7 +196,7 @@ DEFECTS: tuple[KnownDefect, ...] = (
         BOTH,
         lambda: all(
             _local_lookup_past_lookahead_hashes(group)
-            for group in (GroupSpec(kind="sliding_window", window=3), GroupSpec(kind="chunked_local", window=6))
+            for group in (SLIDING_WINDOW.group(window=3), CHUNKED_LOCAL.group(window=6))
         ),
     ),
     KnownDefect(

@@ -10,14 +10,18 @@ import itertools
 
 import attrs
 
+from kvcheck.kinds import HarnessKind
+from kvcheck.kinds.chunked_local import CHUNKED_LOCAL
+from kvcheck.kinds.full import FULL
+from kvcheck.kinds.sliding_window import SLIDING_WINDOW
 from kvmodel.config import GroupSpec, TargetConfig
 
-LAYOUTS = {
-    "full": ("full",),
-    "window": ("sliding_window",),
-    "chunked": ("chunked_local",),
-    "full+window": ("full", "sliding_window"),
-    "full+chunked": ("full", "chunked_local"),
+LAYOUTS: dict[str, tuple[HarnessKind, ...]] = {
+    "full": (FULL,),
+    "window": (SLIDING_WINDOW,),
+    "chunked": (CHUNKED_LOCAL,),
+    "full+window": (FULL, SLIDING_WINDOW),
+    "full+chunked": (FULL, CHUNKED_LOCAL),
 }
 """Group layouts by name; a scope's ``reach`` sizes the local groups' windows and chunks."""
 
@@ -77,13 +81,13 @@ SCOPES = {
 """Named scopes: ``ci`` runs in the default tests (seconds); ``standard`` is the documented larger one."""
 
 
-def _group(kind: str, block_size: int, reach: int) -> GroupSpec:
-    return GroupSpec(kind=kind) if kind == "full" else GroupSpec(kind=kind, window=reach * block_size)
+def _group(kind: HarnessKind, block_size: int, reach: int) -> GroupSpec:
+    return kind.group(window=reach * block_size) if kind.model.has_window else kind.group()
 
 
 def _with_feature(config: TargetConfig, feature: str) -> TargetConfig | None:
     """``config`` with the feature on, or ``None`` when the configuration cannot take it."""
-    chunked = any(group.kind == "chunked_local" for group in config.groups)
+    chunked = any(group.rules.chunked for group in config.groups)
     if feature == "plain":
         return config
     if feature == "eagle":

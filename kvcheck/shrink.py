@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 
 import attrs
 
+from kvcheck.kinds import kind_of
+from kvcheck.kinds.full import FULL
 from kvcheck.lockstep import Lockstep
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
@@ -128,7 +130,7 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
             drafters = tuple(g - (g > index) for g in config.eagle_group_ids if g != index)
             if drafters or not config.eagle_group_ids:
                 groups = config.groups[:index] + config.groups[index + 1 :]
-                encoder = config.num_encoder_tokens if any(g.kind == "cross_attention" for g in groups) else 0
+                encoder = config.num_encoder_tokens if any(g.rules.encoder_blocks for g in groups) else 0
                 fewer_groups = attrs.evolve(config, groups=groups, eagle_group_ids=drafters, num_encoder_tokens=encoder)
                 yield fewer_groups
                 # The dropped group's blocks may have been what made the pool tight: a smaller one too.
@@ -150,10 +152,11 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
         yield attrs.evolve(config, num_encoder_tokens=1)
         yield attrs.evolve(config, num_encoder_tokens=config.num_encoder_tokens - 1)
     for index, group in enumerate(config.groups):
+        kind = kind_of(group.kind)
         if group.window is not None:
             block_size = config.group_block_size(index)
-            step = block_size if group.kind == "chunked_local" else 1
-            floor = {"chunked_local": block_size, "rswa": 1}.get(group.kind, 2)
+            step = kind.window_step(block_size)
+            floor = kind.window_floor(block_size)
             for window in (floor, group.window - step):
                 if floor <= window < group.window:
                     smaller_group = attrs.evolve(group, window=window)
@@ -169,9 +172,9 @@ def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
             for alignment in sorted({None, 1} - {group.prefill_checkpoint_alignment}, key=lambda a: a or 0):
                 simpler = attrs.evolve(group, prefill_checkpoint_alignment=alignment)
                 yield attrs.evolve(config, groups=(*config.groups[:index], simpler, *config.groups[index + 1 :]))
-        if group.kind not in ("full", "cross_attention"):
+        if kind.shrinks_to_full:
             full = attrs.evolve(
-                group, kind="full", window=None, speculative_blocks=0, prefill_checkpoint_alignment=None
+                group, kind=FULL.name, window=None, speculative_blocks=0, prefill_checkpoint_alignment=None
             )
             yield attrs.evolve(config, groups=(*config.groups[:index], full, *config.groups[index + 1 :]))
 

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kvcore
+from kvcheck.kinds import kind_of
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
 from kvmodel.config import GroupSpec, TargetConfig
 from kvmodel.fields import allocator_keywords
@@ -15,34 +16,8 @@ from kvmodel.semantics import Semantics
 
 
 def kvcore_spec(group: GroupSpec, block_size: int) -> kvcore.AttentionSpec:
-    """kvcore's attention spec of one group, with blocks of ``block_size`` tokens."""
-    if group.kind == "full":
-        return kvcore.FullAttentionSpec(block_size)
-    if group.kind == "mla":
-        return kvcore.MLAAttentionSpec(block_size)
-    if group.kind == "mamba":
-        return kvcore.MambaSpec(block_size, group.speculative_blocks)
-    if group.kind == "mamba_align":
-        alignment = group.prefill_checkpoint_alignment
-        return kvcore.MambaSpec(
-            block_size,
-            group.speculative_blocks,
-            cache_mode="align",
-            num_prefill_checkpoint_blocks=int(alignment is not None),
-            prefill_checkpoint_alignment=alignment,
-        )
-    if group.kind == "ring":
-        return kvcore.CircularBufferSpec(block_size)
-    if group.kind == "cross_attention":
-        return kvcore.CrossAttentionSpec(block_size)
-    assert group.window is not None
-    if group.kind == "sliding_window":
-        return kvcore.SlidingWindowSpec(block_size, group.window)
-    if group.kind == "sliding_window_mla":
-        return kvcore.SlidingWindowMLASpec(block_size, group.window)
-    if group.kind == "rswa":
-        return kvcore.RSWASpec(block_size, group.window)
-    return kvcore.ChunkedLocalAttentionSpec(block_size, group.window)
+    """kvcore's attention spec of one group, with blocks of ``block_size`` tokens (:mod:`kvcheck.kinds`)."""
+    return kind_of(group.kind).kvcore_spec(group, block_size)
 
 
 def to_kvcore_config(config: TargetConfig) -> kvcore.KVCacheConfig:

@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from kvcheck.kinds import kind_of
 from kvmodel.config import MAMBA_KINDS, GroupSpec, TargetConfig
 from kvmodel.semantics import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics
 
@@ -58,23 +59,14 @@ def read_positions(
     group's block size; ``state_tokens`` the tokens the request's last step ran up to, drafts
     included (``None``: it ran none since it was last admitted from waiting): vLLM's model runner
     saved the state in that step's last block and copies it from there, so after rejected drafts
-    it lies past the computed tokens."""
-    positions: list[tuple[int, ...]] = []
-    for group, block_size in zip(groups, block_sizes, strict=True):
-        end = -(-(num_computed_tokens + num_new_tokens) // block_size)
-        if group.kind == "ring":
-            positions.append((0,))
-        elif group.kind == "cross_attention":
-            positions.append(tuple(range(-(-num_encoder_tokens // block_size))))
-        elif group.kind == "mamba_align":
-            # The state it starts from and the block of its last token; the positions between are null.
-            start_state = -(-(num_computed_tokens if state_tokens is None else state_tokens) // block_size) - 1
-            positions.append(tuple(sorted({p for p in (start_state, end - 1) if p >= 0})))
-        else:
-            gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
-            start = 0 if group.kind == "rswa" else gap.stop
-            positions.append(tuple(p for p in range(start, end) if p not in gap))
-    return tuple(positions)
+    it lies past the computed tokens.  Each group's kind states its positions
+    (:meth:`kvcheck.kinds.base.HarnessKind.step_positions`)."""
+    return tuple(
+        kind_of(group.kind).step_positions(
+            group, block_size, num_computed_tokens, num_new_tokens, num_prompt_tokens, num_encoder_tokens, state_tokens
+        )
+        for group, block_size in zip(groups, block_sizes, strict=True)
+    )
 
 
 @attrs.define(eq=False)

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from kvcheck.kinds import KINDS
 from kvcheck.targets.scheduler import SchedulerDrivenTarget, block_ids
 from kvcheck.targets.vllm_internals import (
     backward_ids,
@@ -165,36 +166,10 @@ def attention_spec(group: GroupSpec, block_size: int) -> Any:
     if group.dcp_replicated:
         # As vLLM's model runner marks a draft model's layers running at DCP 1 under a DCP target.
         layout["dcp_sharded"] = False
-    if group.kind == "full":
-        return v.FullAttentionSpec(**layout)
-    if group.kind == "sliding_window":
-        return v.SlidingWindowSpec(sliding_window=group.window, **layout)
-    if group.kind == "sliding_window_mla":
-        return v.SlidingWindowMLASpec(sliding_window=group.window, **layout)
-    if group.kind == "chunked_local":
-        return v.ChunkedLocalAttentionSpec(attention_chunk_size=group.window, **layout)
-    if group.kind == "rswa":
-        return v.RSWASpec(rswa_window=group.window, **layout)
-    if group.kind == "ring":
-        return v.CircularBufferSpec(**layout)
-    if group.kind == "cross_attention":
-        return v.CrossAttentionSpec(**layout)
-    if group.kind == "mla":
-        return v.MLAAttentionSpec(**layout)
-    if group.kind in ("mamba", "mamba_align"):
-        # One small state tensor; the allocator reads only the block size, the mode, the speculative blocks
-        # and the prefill checkpoints.
-        alignment = group.prefill_checkpoint_alignment
-        return v.MambaSpec(
-            shapes=((1,),),
-            dtypes=(v.dtype,),
-            block_size=block_size,
-            mamba_cache_mode="align" if group.kind == "mamba_align" else "none",
-            num_speculative_blocks=group.speculative_blocks,
-            num_prefill_checkpoint_blocks=int(alignment is not None),
-            prefill_checkpoint_alignment=alignment,
-        )
-    raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
+    kind = KINDS.get(group.kind)
+    if kind is None:
+        raise ValueError(f"group kind {group.kind!r} has no vLLM attention spec")
+    return kind.vllm_spec(v, group, layout)
 
 
 def make_manager(

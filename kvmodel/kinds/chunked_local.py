@@ -32,4 +32,5 @@ class ChunkedLocal(Kind):
         return ceil_div(group.window + max_in_flight_tokens, block_size)
 
 
-KINDS = (ChunkedLocal("chunked_local"),)
+CHUNKED_LOCAL = ChunkedLocal("chunked_local")
+KINDS = (CHUNKED_LOCAL,)

@@ -30,4 +30,5 @@ class CrossAttention(Kind):
         return tuple(range(ceil_div(num_encoder_tokens, block_size)))
 
 
-KINDS = (CrossAttention("cross_attention"),)
+CROSS_ATTENTION = CrossAttention("cross_attention")
+KINDS = (CROSS_ATTENTION,)

@@ -10,4 +10,6 @@ class FullAttention(Kind):
     full_hit = True
 
 
-KINDS = (FullAttention("full"), FullAttention("mla"))
+FULL = FullAttention("full")
+MLA = FullAttention("mla")
+KINDS = (FULL, MLA)

@@ -48,4 +48,6 @@ class MambaAlign(Mamba):
         return tuple(sorted({p for p in (start_state, end - 1) if p >= 0}))
 
 
-KINDS = (Mamba("mamba"), MambaAlign("mamba_align"))
+MAMBA = Mamba("mamba")
+ALIGN = MambaAlign("mamba_align")
+KINDS = (MAMBA, ALIGN)

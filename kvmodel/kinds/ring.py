@@ -28,4 +28,5 @@ class Ring(Kind):
         return (0,)
 
 
-KINDS = (Ring("ring"),)
+RING = Ring("ring")
+KINDS = (RING,)

@@ -37,4 +37,5 @@ class Rswa(Kind):
         return tuple(p for p in range(end) if p not in gap)
 
 
-KINDS = (Rswa("rswa"),)
+RSWA = Rswa("rswa")
+KINDS = (RSWA,)

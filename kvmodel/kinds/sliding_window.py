@@ -30,4 +30,6 @@ class SlidingWindow(Kind):
         return ceil_div(group.window - 1 + max_in_flight_tokens, block_size) + 1
 
 
-KINDS = (SlidingWindow("sliding_window"), SlidingWindow("sliding_window_mla"))
+SLIDING_WINDOW = SlidingWindow("sliding_window")
+SLIDING_WINDOW_MLA = SlidingWindow("sliding_window_mla")
+KINDS = (SLIDING_WINDOW, SLIDING_WINDOW_MLA)
