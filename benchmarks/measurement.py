@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import io
 import multiprocessing
+import os
 import platform
 import subprocess
 import sys
@@ -89,7 +90,10 @@ for folder in ("models", "stateful_tests", "regressions"):
 
 
 def run_in_tree(tree: Path, body: str, python: str = sys.executable) -> str:
-    """Run ``body`` in a fresh interpreter importing from ``tree``; its last line of output."""
+    """Run ``body`` in a fresh interpreter importing from ``tree``; its last line of output.  ``python``
+    given as a path is taken from the current folder, not from ``tree`` (a venv's link is kept as is)."""
+    if os.sep in python:
+        python = os.path.abspath(python)
     done = subprocess.run(
         [python, "-c", tree_prelude(tree) + body], capture_output=True, text=True, cwd=tree, check=False
     )
