@@ -6,7 +6,9 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, multiple, precondition, rule
 
-from kvcheck.coverage import LABELS_SEEN, BeforeStep, step_labels
+from kvcheck.coverage.before import BeforeStep
+from kvcheck.coverage.step import step_labels
+from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.lockstep import Lockstep
 from kvcheck.targets import TargetFactory
 from kvmodel.ops import (
