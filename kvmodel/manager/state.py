@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.in_flight import StepsInFlight
 from kvmodel.manager.request import RequestModel
