@@ -109,7 +109,7 @@ class VllmBackend:
 
     def __init__(self) -> None:
         from kvcheck.targets import vllm_target
-        from kvmodel.config import GroupSpec
+        from kvmodel.group_spec import GroupSpec
 
         self.version = vllm_target.require_vllm().version
         self._vllm = vllm_target

@@ -2,7 +2,7 @@
 layout, and runs from random seeds.
 
 The ci run is what CI gates on: every label a layout's run must reach
-(:func:`kvcheck.coverage.reachable_labels`) has to be reached
+(:func:`kvcheck.coverage.labels.reachable_labels`) has to be reached
 there.  A label reached only once or twice in it hangs on luck, and runs
 from other seeds show whether the search reaches it or one seed happened
 to.  For each layout this prints, per label, the count in the ci run and the
@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import settings
 from measurement import provenance, write_markdown
 
-from kvcheck.coverage import GROUP_LAYOUTS, LABELS_SEEN, reachable_labels
+from kvcheck.coverage.labels import GROUP_LAYOUTS, reachable_labels
+from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.stateful_tests.run import run_manager_machine
 from kvcheck.stateful_tests.test_manager_machine import MAMBA_EXAMPLES_FACTOR

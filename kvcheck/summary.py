@@ -26,7 +26,8 @@ class SuiteSummary:
             self.results.append((report.nodeid, report.outcome, report.duration))
 
     def lines(self) -> list[str]:
-        from kvcheck.coverage import ALL_LABELS, GROUP_LAYOUTS, LABELS_SEEN, labels_required
+        from kvcheck.coverage.labels import ALL_LABELS, GROUP_LAYOUTS, labels_required
+        from kvcheck.coverage.tally import LABELS_SEEN
 
         seconds = time.perf_counter() - self.started
         steps = Lockstep.total_steps - self.steps_before

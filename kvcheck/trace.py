@@ -18,8 +18,10 @@ from typing import Any
 
 import attrs
 
-from kvmodel.config import ConfigError, GroupSpec, TargetConfig, is_int
+from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError, is_int
 from kvmodel.fields import declarations, is_required
+from kvmodel.group_spec import GroupSpec
 from kvmodel.limits import (
     MAX_DRAFT_TOKENS,
     MAX_EVICT_BLOCK_IDS,

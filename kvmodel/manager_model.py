@@ -98,7 +98,6 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         rid = op.request_id
         request = self.requests[rid]
         num_groups = len(self.groups)
-        self.found_hit_tokens = 0
         if request.loading:
             return StepResult()
         if self.pipeline.full():
@@ -113,7 +112,6 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         hit_ids: GroupIds = tuple(() for _ in range(num_groups))
         if waiting and self.config.enable_caching:
             hit_length, hit_ids, request.shared_prefix_boundary = self.lookup_prefix(rid)
-        self.found_hit_tokens = hit_length
         # The probe finds what the lookup finds (no request here bounds its hit below num_tokens - 1).
         probed = hit_length if waiting and self.pipeline.probes_before_lookup else None
         amounts = plan_step(
@@ -132,7 +130,6 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
             return StepResult()
         if waiting and amounts.hit_length is not None and amounts.hit_length != hit_length:
             hit_length, hit_ids = amounts.hit_length, self.truncate_hit(hit_ids, amounts.hit_length)
-            self.hits_cut_back += 1
         external = amounts.num_external_tokens
         total_computed = request.num_computed_tokens + hit_length + external
         main_model_tokens = total_computed + amounts.num_new_tokens
@@ -220,7 +217,6 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
             return StepResult()
         if adopted != hit_length:
             hit_length, hit_ids = adopted, self.truncate_hit(hit_ids, adopted)
-            self.hits_cut_back += 1
         total_computed = request.num_computed_tokens + hit_length + external
         new_ids = self._allocate(rid, True, hit_ids, total_computed, external, total_computed, load_lands_later=True)
         if new_ids is None:

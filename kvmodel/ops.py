@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from kvmodel.config import int_tuple
+from kvmodel.config_checks import int_tuple
 
 if TYPE_CHECKING:
     pass

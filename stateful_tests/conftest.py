@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvcheck.coverage import GROUP_LAYOUTS
+from kvcheck.coverage.labels import GROUP_LAYOUTS
 from kvcheck.profiles import register_profiles
 from kvcheck.targets import component_allocators
 

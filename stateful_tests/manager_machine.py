@@ -6,7 +6,9 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, multiple, precondition, rule
 
-from kvcheck.coverage import LABELS_SEEN, BeforeStep, step_labels
+from kvcheck.coverage.before import BeforeStep
+from kvcheck.coverage.step import step_labels
+from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.lockstep import Lockstep
 from kvcheck.targets import TargetFactory
 from kvmodel.ops import (
@@ -162,15 +164,13 @@ def manager_machine(
             self._step(Schedule(max(waiting, key=shared), num_new_tokens, 0, sampled_token, same_step=True))
 
         def _lookup_ends_inside_a_block(self, request_id: str) -> bool:
-            """Whether a waiting request's lookup finds a hit ending inside a scheduler block (the model's lookup;
-            the shared prefix it records is put back)."""
+            """Whether a waiting request's lookup finds a hit ending inside a scheduler block (the model's lookup,
+            which changes nothing)."""
             model = self.lockstep.model
             request = model.requests.get(request_id)
             if request is None or request.running or request.loading or not model.partial_hits:
                 return False
-            boundary = request.shared_prefix_boundary
             hit_length, _ = model.find_hit(request_id)
-            request.shared_prefix_boundary = boundary
             return bool(hit_length % model.config.scheduler_block_size)
 
         @rule(request_id=requests, chunk_blocks=st.integers(1, 3), sampled_token=tokens)

@@ -7,7 +7,8 @@ from collections import Counter
 
 from hypothesis import settings
 
-from kvcheck.coverage import LABELS_SEEN, reachable_labels
+from kvcheck.coverage.labels import reachable_labels
+from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.profiles import labels_must_be_reached, loaded_profile
 from kvcheck.targets import TargetFactory
 

@@ -222,7 +222,7 @@ class Campaign:
         self.out.flush()
 
     def status_line(self, now: float, running: list[int]) -> str:
-        from kvcheck.coverage import ALL_LABELS
+        from kvcheck.coverage.labels import ALL_LABELS
 
         elapsed = now - self.started
         live = {key: self.live[key] for key in running if key in self.live}
@@ -252,7 +252,7 @@ def plural_s(count: int) -> str:
 
 def summary_lines(report: CampaignReport) -> list[str]:
     """The campaign's summary, as ``kvcheck run`` ends with its own."""
-    from kvcheck.coverage import ALL_LABELS
+    from kvcheck.coverage.labels import ALL_LABELS
 
     under = f" with fault {report.fault}" if report.fault else ""
     nodes = f" on {len(report.nodes)} node{plural_s(len(report.nodes))}" if report.nodes else ""

@@ -190,7 +190,7 @@ class _Meter:
 
 
 def _labels_now() -> dict[str, int]:
-    from kvcheck.coverage import LABELS_SEEN
+    from kvcheck.coverage.tally import LABELS_SEEN
 
     for _ in range(3):
         with contextlib.suppress(RuntimeError):  # the shard's thread added a label meanwhile
@@ -255,7 +255,7 @@ def run_shard(spec: ShardSpec, options: ShardOptions, board: Any = None) -> Shar
     """Run one shard in this process; ``board`` (a progress actor, or None) hears from it once a second.
 
     Every exception is caught and returned as the result's ``error``, so a shard never fails as a task."""
-    from kvcheck.coverage import LABELS_SEEN
+    from kvcheck.coverage.tally import LABELS_SEEN
     from kvcheck.replay import resolve_target
 
     result = ShardResult(spec)

@@ -32,7 +32,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from kvcheck.known_defects import DEFECTS, defect_status
     from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
     from kvcheck.vllm_releases import installed_vllm
-    from kvmodel.config import GROUP_KINDS
+    from kvmodel.kinds import GROUP_KINDS
     from kvmodel.semantics import BEHAVIOURS, KNOWN_VERSIONS, NEWEST
 
     semantics = semantics_in_force()

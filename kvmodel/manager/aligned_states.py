@@ -47,26 +47,37 @@ class AlignedStates(ManagerState):
         checkpoint = self._checkpoint_tokens(rid, group_id, start, end)
         return 0 if checkpoint and self._checkpoint_held_back(rid, end) else checkpoint
 
+    def holds_back_checkpoint(self, rid: str, group_id: int, start: int, end: int) -> bool:
+        """Whether an allocation for the chunk from ``start`` to ``end`` keeps no prefill checkpoint in
+        align-mode Mamba group ``group_id`` only because the chunk does not end the prefill (a retention
+        interval of 0)."""
+        return bool(self._checkpoint_tokens(rid, group_id, start, end)) and self._checkpoint_held_back(rid, end)
+
     def _state_cached_this_step(self, hit: tuple[int, ...]) -> bool:
         """Whether a hit of an align-mode Mamba group ends on a state entered in the current scheduler step
         (not computed yet: the request waits for the next step)."""
         return bool(hit) and self.pool.cache.get(hit[-1]) in self.cached_this_step
 
+    def defers_hit(self, hit_ids: GroupIds) -> bool:
+        """Whether a waiting request's hit ``hit_ids`` ends, in some align-mode Mamba group, on a state
+        entered in the current scheduler step, so that its allocation is refused and the request waits
+        for the next step."""
+        return any(
+            self._state_cached_this_step(hit_ids[group_id])
+            for group_id, group in enumerate(self.groups)
+            if group.rules.aligned_states
+        )
+
     def _plan_checkpoints(self, rid: str, waiting: bool, hit_ids: GroupIds, start: int, end: int) -> None:
         """Record in each align-mode Mamba group the prefill checkpoint the allocation for the chunk from
         ``start`` to ``end`` writes (and the caching after it), or none; a group whose hit is a state
-        entered in this step keeps what it had (the step is refused).  Counts the hits so deferred
-        (:attr:`hits_deferred`) and the checkpoints held back (:attr:`checkpoints_held_back`)."""
+        entered in this step keeps what it had (the step is refused)."""
         for group_id, group in enumerate(self.groups):
             if not group.rules.aligned_states:
                 continue
             if self._state_cached_this_step(hit_ids[group_id] if waiting else ()):
-                self.hits_deferred += 1
                 continue
-            checkpoint = self._checkpoint_tokens(rid, group_id, start, end)
-            if checkpoint and self._checkpoint_held_back(rid, end):
-                self.checkpoints_held_back += 1
-                checkpoint = 0
+            checkpoint = self._planned_checkpoint(rid, group_id, start, end)
             if checkpoint:
                 self.checkpoints[(rid, group_id)] = (checkpoint, ceil_div(end, self.block_sizes[group_id]) - 2)
             else:
@@ -82,17 +93,23 @@ class AlignedStates(ManagerState):
             return True
         return bool(self.retention) and (position + 1) % blocks_per_interval == 0
 
-    def _cached_states(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
-        """The positions in ``[start, end)`` of an align-mode Mamba group's states that are cached: all of
-        them with no retention interval; under one, those it keeps (:meth:`_interval_keeps_state`) and
-        those ending where a later request can resume (:meth:`_reachable_boundaries`), rounded down to a
-        hit boundary."""
+    def caches_state(self, rid: str, group_id: int, position: int) -> bool:
+        """Whether an align-mode Mamba group caches the request's state at table ``position`` once it is
+        computed: every state with no retention interval; under one, a state the interval keeps
+        (:meth:`_interval_keeps_state`) or one ending where a later request can resume
+        (:meth:`_reachable_boundaries`), rounded down to a hit boundary."""
         if self.retention is None:
-            return list(range(start, end))
+            return True
+        if self._interval_keeps_state(group_id, position):
+            return True
         block_size = self.block_sizes[group_id]
         boundaries = self._reachable_boundaries(self.requests[rid], group_id)
-        resumed = {b // self.alignment * self.alignment // block_size for b in boundaries}
-        return [p for p in range(start, end) if self._interval_keeps_state(group_id, p) or p + 1 in resumed]
+        return any(b // self.alignment * self.alignment // block_size == position + 1 for b in boundaries)
+
+    def _cached_states(self, rid: str, group_id: int, start: int, end: int) -> list[int]:
+        """The positions in ``[start, end)`` of an align-mode Mamba group's states that are cached
+        (:meth:`caches_state`)."""
+        return [p for p in range(start, end) if self.caches_state(rid, group_id, p)]
 
     def _cache_checkpoint(self, rid: str, group_id: int) -> None:
         """The block of the request's prefill checkpoint is entered under the key of the tokens its state is
@@ -149,8 +166,6 @@ class AlignedStates(ManagerState):
         if self.pool.add_key(block, key) and self.events is not None:
             self.events.append(self._boundary_event(rid, group_id, boundary))
         self.cached_this_step.add(key)
-        if boundary == request.shared_prefix_boundary and self.config.shared_prefix_checkpoint:
-            self.junction_states_cached += 1
         if boundary % self.block_sizes[group_id]:
             self.copy_pending[(rid, group_id)] = (position, block)
             self.producer_tails[(rid, group_id)] = boundary

@@ -3,7 +3,7 @@ leave every window, block copies, and frees deferred behind steps in flight."""
 
 from __future__ import annotations
 
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.aligned_states import AlignedStates
 from kvmodel.manager.state import skipped_tokens

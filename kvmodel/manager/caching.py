@@ -40,10 +40,6 @@ class PrefixCaching(AlignedStates):
             table = self.table(rid, group_id)
             start = self.num_cached.get((rid, group_id), 0)
             positions = self._cached_positions(rid, group_id, start, num_full)
-            if group.rules.aligned_states and self.retention is not None:
-                # The live states a retention interval leaves out.
-                kept = set(positions)
-                self.states_thinned += sum(1 for p in range(start, num_full) if p not in kept and table[p] != NULL)
             for position in positions:
                 self.pool.cache_block(table[position], (group_id, self.prefix(rid, position, group_id)))
             self.num_cached[(rid, group_id)] = max(start, num_full)

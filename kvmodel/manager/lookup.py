@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.state import ManagerState, needed_positions
 from kvmodel.ops import GroupIds

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds.base import ceil_div
 from kvmodel.manager.in_flight import StepsInFlight
 from kvmodel.manager.request import RequestModel
@@ -109,24 +110,9 @@ class ManagerState:
         self.step_copies: list[tuple[int, int]] = []
         """The block copies (source, destination) the allocation of the current step queued; each of
         their blocks holds one reference more until the step releases them (:meth:`_release_copies`)."""
-        self.checkpoints_held_back = 0
-        """Allocations of align-mode Mamba groups that kept no prefill checkpoint only because their chunk
-        did not end the prefill (a retention interval of 0)."""
-        self.states_thinned = 0
-        """Full blocks of align-mode Mamba groups left uncached by a retention interval."""
         self.cached_this_step: set[CacheKey] = set()
         """The keys align-mode Mamba groups entered in the current scheduler step: a request may not hit a
         state under one of them before the next step starts (its state is not computed yet)."""
-        self.hits_deferred = 0
-        """Schedules refused because their Mamba hit was a state cached in the same step."""
-        self.hits_cut_back = 0
-        """Sub-block hits cut back to a block boundary because external tokens reach past them."""
-        self.found_hit_tokens = 0
-        """The hit the last schedule's lookup found, in tokens, before any cut back (0 where it looked up
-        nothing: a running request's)."""
-        self.junction_states_cached = 0
-        """States an align-mode Mamba group entered at the end of a shared prefix (the shared-prefix
-        checkpoint)."""
         self.zeroed_groups = config.zeroed_group_ids if config.needs_zeroing else frozenset()
         """The groups whose blocks taken from the pool the worker zeroes before the step."""
         self.to_zero: dict[int, list[int]] = {}

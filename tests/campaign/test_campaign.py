@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 
 from kvcheck.campaign import WORKER_NICENESS, FailureBook, Finding, ShardOptions, run_shard, shard_plan
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
-from kvcheck.coverage import ALL_LABELS
+from kvcheck.coverage.labels import ALL_LABELS
 from kvcheck.replay import replay, resolve_target
 from kvcheck.trace import load_trace
 

@@ -13,8 +13,10 @@ import pytest
 import kvcore
 from kvcheck.targets.vllm_target import make_manager
 from kvcheck.trace import SCHEMA_PATH, Trace, parse_trace
-from kvmodel.config import ConfigError, GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError
 from kvmodel.fields import ALLOCATORS, Declaration, allocator_keywords, declarations, is_required
+from kvmodel.group_spec import GroupSpec
 
 SCHEMA: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
 CONFIG_SCHEMA: dict[str, Any] = SCHEMA["properties"]["config"]

@@ -7,7 +7,8 @@ from kvcheck.lockstep import Lockstep
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
 from kvcheck.targets.differential import DifferentialTarget
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import AddRequest, Finish, Schedule
 

@@ -13,7 +13,8 @@ import pytest
 from kvcheck.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from kvcheck.drift import FORMAT, VERSION, Drift, DriftFileError, canonical, compare, read
 from kvcheck.trace import Trace
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.ops import AddRequest, Schedule
 
 TRACE = Trace(

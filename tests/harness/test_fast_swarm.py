@@ -10,7 +10,8 @@ from kvcheck.faults import get_fault
 from kvcheck.lockstep import Lockstep
 from kvcheck.swarm import swarm
 from kvcheck.targets import load_target
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import AddRequest, Finish, Schedule
 

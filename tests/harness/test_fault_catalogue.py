@@ -9,7 +9,8 @@ import pytest
 from kvcheck.faults import FAULTS, get_fault
 from kvcheck.lockstep import Lockstep
 from kvcheck.targets import load_target
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import (
     AddRequest,

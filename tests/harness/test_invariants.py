@@ -10,7 +10,8 @@ import pytest
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.targets import load_target
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.invariants import ALL_INVARIANTS, InvariantViolation, StepCheck, check_all
 from kvmodel.observation import ClearedEvent, RemovedEvent
 from kvmodel.ops import AddRequest, Finish, Schedule, SpecDecode

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvmodel.config import ConfigError, GroupSpec
+from kvmodel.config_checks import ConfigError
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import GROUP_KINDS, KINDS, kind_named
 
 MODEL = Path(__file__).resolve().parents[2] / "kvmodel"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.ops import Schedule
 from kvmodel.step_plans import ScheduleAmounts, split_at_mamba_states
 

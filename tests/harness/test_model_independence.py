@@ -43,7 +43,10 @@ def test_importing_the_model_loads_no_kvcore_or_kvcheck_module() -> None:
 VOCABULARY = frozenset(
     {
         "kvmodel.config",
+        "kvmodel.config_checks",
+        "kvmodel.config_rules",
         "kvmodel.fields",
+        "kvmodel.group_spec",
         "kvmodel.limits",
         "kvmodel.observation",
         "kvmodel.ops",

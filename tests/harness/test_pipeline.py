@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from kvcheck.lockstep import Lockstep
 from kvcheck.targets import load_target
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule
 
 ASYNC = TargetConfig(

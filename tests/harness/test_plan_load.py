@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.ops import Schedule
 from kvmodel.step_plans import ends_inside_state_blocks, plan_load, plan_step
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from kvcheck.replay import resolve_target
 from kvcheck.shrink import replay_violation, shrink
 from kvcheck.swarm import Failure
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.ops import AddRequest, Schedule, SpecDecode
 
 RING_AND_CHUNK = TargetConfig(

@@ -18,7 +18,10 @@ from kvcheck.replay import replay, resolve_target
 from kvcheck.repro import failing_trace, write_repro
 from kvcheck.trace import FORMAT, SCHEMA_PATH, VERSION, Expectation, Trace, TraceError, load_trace, parse_trace
 from kvmodel import limits
-from kvmodel.config import GROUP_KINDS, ConfigError, GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError
+from kvmodel.group_spec import GroupSpec
+from kvmodel.kinds import GROUP_KINDS
 from kvmodel.ops import (
     OPERATION_TYPES,
     OPTIONAL_FIELDS,

@@ -20,7 +20,8 @@ from kvcheck.vllm_releases import (
     semantics_for,
     watched_digests,
 )
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.manager.in_flight import caches_after_sync_output
 from kvmodel.manager_model import ManagerModel
 from kvmodel.ops import AddRequest, Finish, Schedule

@@ -8,7 +8,7 @@ from typing import Any
 import kvcore
 from kvcheck.targets.kvcore_target import kvcore_spec
 from kvcheck.targets.vllm_target import make_manager, make_request
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 
 NUM_BLOCKS = 16
 

@@ -18,7 +18,9 @@ vllm = pytest.importorskip(
 import kvcore  # noqa: E402
 from kvcheck.targets.kvcore_target import to_kvcore_config  # noqa: E402
 from kvcheck.targets.vllm_target import make_request, manager_for  # noqa: E402
-from kvmodel.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.config_checks import ConfigError  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

@@ -18,7 +18,8 @@ vllm = pytest.importorskip(
 
 from kvcheck.replay import replay, resolve_target  # noqa: E402
 from kvcheck.trace import Trace  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Schedule  # noqa: E402
 from kvmodel.step_plans import plan_load  # noqa: E402
 from tests.harness.test_fault_catalogue import SEQUENCES  # noqa: E402

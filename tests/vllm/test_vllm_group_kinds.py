@@ -21,7 +21,9 @@ import kvcore  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.targets import load_target  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager, make_request  # noqa: E402
-from kvmodel.config import ConfigError, GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.config_checks import ConfigError  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Finish, Preempt, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 from tests.vllm.parity import kvcore_config, kvcore_refusal, vllm_refusal  # noqa: E402

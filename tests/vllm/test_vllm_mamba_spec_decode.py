@@ -19,7 +19,8 @@ vllm = pytest.importorskip(
 
 from kvcheck.export import export_trace  # noqa: E402
 from kvcheck.trace import Trace  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Schedule, SpecDecode  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 from tests.vllm.test_export import run_pytest  # noqa: E402

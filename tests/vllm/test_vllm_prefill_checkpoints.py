@@ -18,7 +18,8 @@ vllm = pytest.importorskip(
 
 from kvcheck.config_space import random_config  # noqa: E402
 from kvcheck.targets.vllm_target import manager_for  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

@@ -15,7 +15,8 @@ vllm = pytest.importorskip(
 
 from kvcheck.targets.vllm_target import require_vllm  # noqa: E402
 from kvcheck.vllm_releases import semantics_in_force  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from kvmodel.semantics import SYNC_MAMBA_OUTPUT_CACHING  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402

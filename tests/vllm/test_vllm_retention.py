@@ -20,7 +20,8 @@ import kvcore  # noqa: E402
 from kvcheck.lockstep import Lockstep  # noqa: E402
 from kvcheck.targets.kvcore_target import kvcore_spec  # noqa: E402
 from kvcheck.targets.vllm_target import make_manager  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Finish, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

