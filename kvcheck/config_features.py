@@ -15,7 +15,9 @@ import random
 
 import attrs
 
-from kvmodel.config import MAMBA_KINDS, SLIDING_KINDS, UNCACHED_KINDS, ConfigError, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError
+from kvmodel.kinds import MAMBA_KINDS, SLIDING_KINDS, UNCACHED_KINDS
 
 
 def shared_prefix_checkpoints(rng: random.Random, config: TargetConfig, share: float) -> TargetConfig:

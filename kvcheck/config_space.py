@@ -88,7 +88,9 @@ from kvcheck.kinds.mamba import ALIGN, MAMBA
 from kvcheck.kinds.ring import RING
 from kvcheck.kinds.rswa import RSWA
 from kvcheck.kinds.sliding_window import SLIDING_WINDOW, SLIDING_WINDOW_MLA
-from kvmodel.config import CACHING_OFF_KINDS, GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
+from kvmodel.kinds import CACHING_OFF_KINDS
 
 
 class _Admission(TypedDict, total=False):

@@ -59,8 +59,10 @@ from kvcheck.targets.vllm_target import (
 )
 from kvcheck.trace import Trace
 from kvcheck.vllm_releases import semantics_in_force
-from kvmodel.config import UNCACHED_KINDS, GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.invariants import InvariantViolation, StepCheck, check_all
+from kvmodel.kinds import UNCACHED_KINDS
 from kvmodel.manager_model import ManagerModel
 from kvmodel.observation import CacheEvent, Observation, RemovedEvent, StoredEvent
 from kvmodel.ops import Operation, StepResult, describe_op

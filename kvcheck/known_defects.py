@@ -22,7 +22,7 @@ from kvcheck.kinds.chunked_local import CHUNKED_LOCAL
 from kvcheck.kinds.full import FULL
 from kvcheck.kinds.mamba import ALIGN
 from kvcheck.kinds.sliding_window import SLIDING_WINDOW
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 
 
 @attrs.frozen

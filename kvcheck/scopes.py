@@ -14,7 +14,8 @@ from kvcheck.kinds import HarnessKind
 from kvcheck.kinds.chunked_local import CHUNKED_LOCAL
 from kvcheck.kinds.full import FULL
 from kvcheck.kinds.sliding_window import SLIDING_WINDOW
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 
 LAYOUTS: dict[str, tuple[HarnessKind, ...]] = {
     "full": (FULL,),

@@ -18,7 +18,8 @@ from kvcheck.kinds.full import FULL
 from kvcheck.lockstep import Lockstep
 from kvcheck.swarm import Failure
 from kvcheck.targets import TargetFactory
-from kvmodel.config import ConfigError, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import (
     REQUEST_OPERATIONS,

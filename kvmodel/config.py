@@ -7,15 +7,10 @@ from typing import Any
 
 import attrs
 
-from kvmodel.config_checks import ConfigError as ConfigError
 from kvmodel.config_checks import check_declared, int_tuple
 from kvmodel.config_rules import check_fields_together
 from kvmodel.fields import ALLOCATORS, Declaration, declared, to_json
-from kvmodel.group_spec import GroupSpec as GroupSpec
-from kvmodel.kinds import CACHING_OFF_KINDS as CACHING_OFF_KINDS
-from kvmodel.kinds import MAMBA_KINDS as MAMBA_KINDS
-from kvmodel.kinds import SLIDING_KINDS as SLIDING_KINDS
-from kvmodel.kinds import UNCACHED_KINDS as UNCACHED_KINDS
+from kvmodel.group_spec import GroupSpec
 from kvmodel.limits import (
     MAX_BLOCK_SIZE,
     MAX_DCP_WORLD_SIZE,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kvcore.config import AttentionSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import Kind
 
 
@@ -82,10 +82,15 @@ class HarnessKind:
     ) -> tuple[int, ...]:
         """The block positions the scheduler's step computing ``num_new_tokens`` tokens after
         ``num_computed_tokens`` reads or writes in ``group`` (see
-        :func:`~kvcheck.targets.pipeline.read_positions`): the attended blocks up to the last new token."""
+        :func:`~kvcheck.targets.pipeline.read_positions`): the blocks from the one holding the first token
+        it reads (:meth:`first_read_token`) up to the block of the last new token."""
         end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
-        gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
-        return tuple(p for p in range(gap.stop, end) if p not in gap)
+        return tuple(range(self.first_read_token(group, num_computed_tokens) // block_size, end))
+
+    def first_read_token(self, group: GroupSpec, num_computed_tokens: int) -> int:
+        """The first token the step after ``num_computed_tokens`` computed ones reads, as the scheduler's
+        model runner reads them (stated here apart from the model's rules): every token."""
+        return 0
 
     # -- the search -------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import random
 
 from kvcheck.kinds.base import HarnessKind
 from kvcore.config import AttentionSpec, ChunkedLocalAttentionSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import chunked_local as model
 
 
@@ -19,6 +19,11 @@ class ChunkedLocal(HarnessKind):
     def kvcore_spec(self, group: GroupSpec, block_size: int) -> AttentionSpec:
         assert group.window is not None
         return ChunkedLocalAttentionSpec(block_size, group.window)
+
+    def first_read_token(self, group: GroupSpec, num_computed_tokens: int) -> int:
+        # The next token reads its own chunk from the chunk's first token.
+        assert group.window is not None
+        return num_computed_tokens - num_computed_tokens % group.window
 
     def draw(self, rng: random.Random, block_size: int) -> GroupSpec:
         return self.group(window=block_size * rng.randint(1, rng.choice([4, 16])))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvcheck.kinds.base import HarnessKind, ceil_div
 from kvcore.config import AttentionSpec, CrossAttentionSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import cross_attention as model
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvcheck.kinds.base import HarnessKind, ceil_div
 from kvcore.config import AttentionSpec, MambaSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import mamba as model
 
 
@@ -20,6 +20,10 @@ class Mamba(HarnessKind):
 
     def kvcore_spec(self, group: GroupSpec, block_size: int) -> AttentionSpec:
         return MambaSpec(block_size, group.speculative_blocks)
+
+    def first_read_token(self, group: GroupSpec, num_computed_tokens: int) -> int:
+        # The state after the last computed token.
+        return max(0, num_computed_tokens - 1)
 
     def vllm_spec(self, v: Any, group: GroupSpec, layout: Mapping[str, Any]) -> Any:
         # One small state tensor; the allocator reads only the block size, the mode, the speculative blocks

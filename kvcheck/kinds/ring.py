@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvcheck.kinds.base import HarnessKind
 from kvcore.config import AttentionSpec, CircularBufferSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import ring as model
 
 

@@ -6,7 +6,7 @@ import random
 
 from kvcheck.kinds.base import HarnessKind, ceil_div
 from kvcore.config import AttentionSpec, RSWASpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import rswa as model
 
 
@@ -32,10 +32,13 @@ class Rswa(HarnessKind):
         num_encoder_tokens: int,
         state_tokens: int | None,
     ) -> tuple[int, ...]:
-        # The prompt and the window: every position up to the last new token but the released gap.
+        # The prompt and the window: every position up to the last new token but the whole blocks
+        # between the prompt's last block and the block of the window's first token.
+        assert group.window is not None
         end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
-        gap = group.released_blocks(num_computed_tokens, num_prompt_tokens, block_size)
-        return tuple(p for p in range(0, end) if p not in gap)
+        window_start = max(num_prompt_tokens, num_computed_tokens - group.window)
+        gap = range(ceil_div(num_prompt_tokens, block_size), window_start // block_size)
+        return tuple(p for p in range(end) if p not in gap)
 
     def draw(self, rng: random.Random, block_size: int) -> GroupSpec:
         return self.draw_short(rng, block_size)

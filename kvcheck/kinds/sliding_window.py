@@ -6,7 +6,7 @@ import random
 
 from kvcheck.kinds.base import HarnessKind
 from kvcore.config import AttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec
-from kvmodel.config import GroupSpec
+from kvmodel.group_spec import GroupSpec
 from kvmodel.kinds import sliding_window as model
 
 
@@ -19,6 +19,11 @@ class SlidingWindow(HarnessKind):
     def kvcore_spec(self, group: GroupSpec, block_size: int) -> AttentionSpec:
         assert group.window is not None
         return SlidingWindowSpec(block_size, group.window)
+
+    def first_read_token(self, group: GroupSpec, num_computed_tokens: int) -> int:
+        # The next token reads the window's tokens before it, itself included.
+        assert group.window is not None
+        return max(0, num_computed_tokens - group.window + 1)
 
     def draw(self, rng: random.Random, block_size: int) -> GroupSpec:
         # Short windows slide within a short run; long ones keep hits intact.  One in four is over

@@ -8,8 +8,9 @@ from typing import Any
 import kvcore
 from kvcheck.kinds import kind_of
 from kvcheck.targets.scheduler import SchedulerDrivenTarget
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
 from kvmodel.fields import allocator_keywords
+from kvmodel.group_spec import GroupSpec
 from kvmodel.observation import CacheKey, Observation, block_keys
 from kvmodel.ops import GroupIds
 from kvmodel.semantics import Semantics

@@ -32,7 +32,8 @@ from typing import Any
 import attrs
 
 from kvcheck.kinds import kind_of
-from kvmodel.config import MAMBA_KINDS, GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
+from kvmodel.group_spec import GroupSpec
 from kvmodel.semantics import CACHED_TOKENS_PROBE, SYNC_MAMBA_OUTPUT_CACHING, Semantics
 
 GroupPositions = tuple[tuple[int, ...], ...]
@@ -98,7 +99,7 @@ def caches_after_sync_output(config: TargetConfig, semantics: Semantics) -> bool
         semantics.has(SYNC_MAMBA_OUTPUT_CACHING)
         and config.enable_caching
         and not config.async_scheduling
-        and any(group.kind in MAMBA_KINDS for group in config.groups)
+        and any(group.rules.holds_state for group in config.groups)
     )
 
 

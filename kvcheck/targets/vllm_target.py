@@ -38,8 +38,9 @@ from kvcheck.targets.vllm_internals import (
     ref_counts,
 )
 from kvcheck.vllm_releases import UnsupportedRelease, semantics_for, semantics_in_force
-from kvmodel.config import GroupSpec, TargetConfig
+from kvmodel.config import TargetConfig
 from kvmodel.fields import allocator_keywords
+from kvmodel.group_spec import GroupSpec
 from kvmodel.observation import CacheKey, Observation, block_keys
 from kvmodel.ops import GroupIds
 from kvmodel.semantics import KNOWN_VERSIONS, NEWEST, Semantics
