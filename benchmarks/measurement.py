@@ -38,8 +38,10 @@ def commit() -> str:
 
 
 def provenance(script: str, argv: Sequence[str] | None = None) -> str:
-    """One sentence: the command that wrote a table, the date, the commit and the machine."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """One sentence: the command that wrote a table, the date, the commit and the machine.  An argument
+    that is an absolute path is shown relative to the current folder: a committed report names no
+    folder of the machine it ran on."""
+    args = [os.path.relpath(arg) if os.path.isabs(arg) else arg for arg in (sys.argv[1:] if argv is None else argv)]
     command = " ".join(["python", f"benchmarks/{script}", *args])
     return (
         f"Written by `{command}` on {datetime.date.today().isoformat()}, at commit {commit()}, on "
