@@ -124,6 +124,8 @@ class TargetConfig:
         """The tokens a block of group ``group_id`` holds over all ranks (vLLM's manager block size):
         its block size on one rank, times ``dcp_world_size`` if the group is sharded."""
         size = self.spec_block_size(group_id)
+        if self.dcp_world_size == 1:
+            return size
         return size * self.dcp_world_size if self.dcp_sharded(group_id) else size
 
     @property
