@@ -1,18 +1,19 @@
 """Detection power of the Hypothesis manager machine: catch rate and time-to-report per fault.
 
 For each catalogued fault, run the manager machine (the ``dev`` profile's
-budget, groups drawn from 1 to 4, or the Mamba layouts alone with
-``--layout mamba``, or Mamba beside local attention with ``--layout samba``,
-no example database) from N random seeds
-and report how many runs caught the fault, the time from start until the
-shrunk repro is ready (median and max over the catching runs), the shrunk
-lengths and the invariants that fired.  Seeds are printed so that any run
-can be repeated (``--seed-base``).
+budget, no example database) from N random seeds, in the layout the fault
+declares it is hunted in (groups drawn from 1 to 4, or the machine's Mamba
+layouts, or Mamba beside local attention; ``--layout`` runs every fault in
+one), and report how many runs caught the fault, the time from start until
+the shrunk repro is ready (median and max over the catching runs), the
+shrunk lengths and the invariants that fired.  Seeds are printed so that
+any run can be repeated (``--seed-base``).
 
     python benchmarks/bench_detection.py                 # every fault, 20 seeds, 2 workers
     python benchmarks/bench_detection.py --faults interleaved-external-alloc --seeds 50
     python benchmarks/bench_detection.py --target vllm   # the faults expressed against vLLM
     python benchmarks/bench_detection.py --layout mamba --faults partial-hit-not-copied
+    python benchmarks/bench_detection.py --write docs/measurements/detection.md
 
 Figures are wall-clock on whatever machine runs it; compare them within
 one run.  Run from the repository root.
@@ -39,11 +40,14 @@ from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.replay import resolve_target
 from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 
+LAYOUT_NAMES = {None: "groups drawn from 1 to 4", "mamba": "Mamba layouts", "samba": "Mamba beside local attention"}
+"""The layouts a fault is hunted in, as the report names them."""
+
 Outcome = tuple[str, int, bool, float, int | None, str | None]
 """(fault, seed, caught, seconds to report, shrunk steps, invariant)."""
 
 
-def hunt(task: tuple[str, str, int, int, str | None]) -> Outcome:
+def hunt(task: tuple[str, str, int, int, int | str | None]) -> Outcome:
     """One manager-machine run against one fault from one seed."""
     target, fault, seed, examples, layout = task
     pin_generation_constants()
@@ -69,25 +73,30 @@ def main() -> int:
     parser.add_argument(
         "--layout",
         default=None,
-        choices=["mamba", "samba"],
-        help="run the manager machine's Mamba layouts alone, or Mamba beside local attention",
+        choices=["drawn", "mamba", "samba"],
+        help="run every fault in groups drawn from 1 to 4, the manager machine's Mamba layouts alone, or "
+        "Mamba beside local attention (default: each fault in the layout it declares)",
     )
     parser.add_argument("--write", default=None, help="also write the table as Markdown to this file")
     args = parser.parse_args()
 
-    if args.faults:
-        faults = args.faults.split(",")
-    elif args.target == "vllm":
-        faults = list(VLLM_FAULTS)
-    else:
-        faults = list(FAULTS)
+    catalogue = VLLM_FAULTS if args.target == "vllm" else FAULTS
+    faults = args.faults.split(",") if args.faults else list(catalogue)
+    unknown = [fault for fault in faults if fault not in catalogue]
+    if unknown:
+        parser.error(f"--faults: not in the {args.target} catalogue: {', '.join(unknown)}")
+    forced = None if args.layout in (None, "drawn") else args.layout
+    layout = {fault: forced if args.layout else catalogue[fault].layout for fault in faults}
     if args.seed_base is None:
         seeds = [random.SystemRandom().randrange(2**32) for _ in range(args.seeds)]
     else:
         seeds = list(range(args.seed_base, args.seed_base + args.seeds))
-    tasks = [(args.target, fault, seed, args.examples, args.layout) for fault in faults for seed in seeds]
-    layouts = {"mamba": "Mamba layouts", "samba": "Mamba beside local attention"}.get(
-        args.layout or "", "groups drawn from 1 to 4"
+    tasks = [(args.target, fault, seed, args.examples, layout[fault]) for fault in faults for seed in seeds]
+    layouts = (
+        LAYOUT_NAMES[forced]
+        if args.layout
+        else "each fault in the layout it declares (drawn: groups drawn from 1 to 4; mamba: the Mamba layouts; "
+        "samba: Mamba beside local attention)"
     )
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -100,8 +109,8 @@ def main() -> int:
         f"{layouts}; {len(tasks)} runs in {time.perf_counter() - start:.0f} s on {args.workers} workers.",
         f"Seeds: {seeds}.",
         "",
-        "| fault | caught | report s (median) | report s (max) | shrunk steps | invariants |",
-        "|---|---|---|---|---|---|",
+        "| fault | layout | caught | report s (median) | report s (max) | shrunk steps | invariants |",
+        "|---|---|---|---|---|---|---|",
     ]
     weakest = len(seeds)
     for fault in faults:
@@ -116,9 +125,10 @@ def main() -> int:
         worst = f"{max(times):.1f}" if times else "-"
         span = f"{min(steps)}-{max(steps)}" if steps else "-"
         names = ", ".join(f"{name} ({n})" for name, n in invariants.most_common())
-        lines.append(f"| {fault} | {len(caught)}/{len(mine)} | {median} | {worst} | {span} | {names} |")
+        where = layout[fault] or "drawn"
+        lines.append(f"| {fault} | {where} | {len(caught)}/{len(mine)} | {median} | {worst} | {span} | {names} |")
         if missed:
-            lines.append(f"|   missed from seeds {missed} | | | | | |")
+            lines.append(f"|   missed from seeds {missed} | | | | | | |")
     every = [o[3] for o in outcomes if o[2]]
     if every:
         lines += ["", f"All catches: time-to-report median {statistics.median(every):.1f}s, max {max(every):.1f}s."]

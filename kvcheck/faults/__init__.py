@@ -60,13 +60,13 @@ DECLARED: tuple[FaultDeclaration, ...] = tuple(fault for family in FAMILIES for 
 
 
 FAULTS: dict[str, Fault] = {
-    fault.name: Fault(fault.name, fault.description, fault.kvcore)
+    fault.name: Fault(name=fault.name, description=fault.description, plant=fault.kvcore, layout=fault.layout)
     for fault in sorted(DECLARED, key=lambda fault: fault.number)
 }
 """Every fault as planted into kvcore, in catalogue order."""
 
 VLLM_FAULTS: dict[str, Fault] = {
-    fault.name: Fault(fault.name, plant.description, plant.plant)
+    fault.name: Fault(name=fault.name, description=plant.description, plant=plant.plant, layout=fault.layout)
     for plant, fault in sorted(
         ((fault.vllm, fault) for fault in DECLARED if fault.vllm is not None), key=lambda pair: pair[0].number
     )

@@ -194,6 +194,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=59,
         name="truncated-hit-keeps-its-state",
+        layout="mamba",
         description=(
             "a sub-block hit cut back to a block boundary for a connector's load keeps its "
             "align-mode Mamba state: the state the hit ended on stays in the request's table past the endpoint, and "
@@ -264,6 +265,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=60,
         name="state-offered-from-its-written-block",
+        layout="mamba",
         description=(
             "the hand-off of a state a request cached inside the align-mode Mamba block it goes on "
             "writing offers a KV connector that block instead of the copy the next allocation makes of it: the "
@@ -323,6 +325,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=61,
         name="finished-tail-offered-after-later-tokens",
+        layout="mamba",
         description=(
             "a finishing request's state cached inside the align-mode Mamba block it was writing "
             "is offered a KV connector though later tokens (computed, or in flight) reached that block: the connector "

@@ -175,6 +175,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=54,
         name="sub-block-hits-off-under-dcp-at-equal-sizes",
+        layout="mamba",
         description=(
             "sub-block hits are asked for by the one-rank rule under decode context parallelism "
             "too (Mamba states in blocks larger than the hashes): with states at the hash size, hits stop at the "

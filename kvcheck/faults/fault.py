@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 import kvcore
+from kvcheck.coverage.labels import GROUP_LAYOUTS
 from kvcheck.targets.kvcore_target import KvcoreTarget
 from kvmodel.config import TargetConfig
 
@@ -19,6 +20,8 @@ class Fault:
     name: str
     description: str
     plant: Callable[[kvcore.KVCacheManager], None]
+    layout: int | str | None = None
+    """Where the manager machine hunts it (see :attr:`FaultDeclaration.layout`)."""
 
     def make_manager(self, config: kvcore.KVCacheConfig) -> kvcore.KVCacheManager:
         manager = kvcore.KVCacheManager(config)
@@ -50,6 +53,11 @@ class FaultDeclaration:
     description: str
     kvcore: Callable[[kvcore.KVCacheManager], None]
     vllm: VllmPlant | None = None
+    layout: int | str | None = attrs.field(default=None, validator=attrs.validators.in_(GROUP_LAYOUTS))
+    """The manager machine's layout it is hunted in: ``None`` for groups drawn from 1 to 4, or one
+    of the machine's own layouts (``"mamba"``, ``"samba"``) when the fault bites only in draws those
+    layouts make often and the others rarely (a few in 1,000 examples).  ``bench_detection.py`` runs
+    each fault there."""
 
 
 @attrs.define

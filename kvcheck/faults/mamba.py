@@ -380,6 +380,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=41,
         name="mamba-align-allocates-lookahead-slots",
+        layout="mamba",
         description=(
             "an align-mode Mamba group's table grows to every slot of the step, the drafter's "
             "lookahead included (a drafter has no Mamba layers): its new state block lands past the step's last token, "

@@ -52,6 +52,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=45,
         name="checkpoint-block-left-null",
+        layout="mamba",
         description=(
             "an align-mode Mamba allocation pads a prefill checkpoint's position with the null "
             "block, as any position a chunk skips: the backend exports the checkpoint into the null block, and the "
@@ -106,6 +107,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=46,
         name="transient-checkpoint-keeps-its-key",
+        layout="mamba",
         description=(
             "a transient prefill checkpoint (inside a block, neither the prompt's nor a shared "
             "prefix's end) keeps the full-block key its position was cached under: a later hit on that block boundary "
@@ -145,6 +147,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=47,
         name="retention-caches-every-state",
+        layout="mamba",
         description=(
             "an align-mode Mamba group under a retention interval caches every state it computes, "
             "as with no interval: the prefix cache fills with states the interval thins out, evicting those kept for "
@@ -187,6 +190,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=48,
         name="checkpoint-before-the-prefill-end",
+        layout="mamba",
         description=(
             "under a retention interval of 0 the coordinator does not pass the prefill's end to "
             "align-mode Mamba groups: every prefill chunk reserves a checkpoint block, not only the one ending the "
@@ -226,6 +230,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=49,
         name="checkpoint-ignores-the-eagle-drop",
+        layout="mamba",
         description=(
             "beside an EAGLE drafter an align-mode Mamba group keeps its prefill checkpoints and "
             "its prompt's reusable state short of the last token, not a hit boundary lower: the attention groups' "
@@ -258,6 +263,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=51,
         name="shared-prefix-state-left-uncached",
+        layout="mamba",
         description=(
             "with shared-prefix checkpoints in force the Mamba groups never learn of them: the "
             "scheduler ends a prefill chunk at the end of a prefix a lookup found shared, and no state is cached there "
@@ -303,6 +309,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=55,
         name="state-hit-in-the-step-that-caches-it",
+        layout="mamba",
         description=(
             "an align-mode Mamba group forgets which states it cached in the current scheduler "
             "step: a request scheduled in the same step hits a state whose forward pass has not run yet, and reads "

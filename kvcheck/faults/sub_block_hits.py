@@ -41,6 +41,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=42,
         name="partial-hit-not-copied",
+        layout="mamba",
         description=(
             "a hit ending inside a block is not recorded for its copy on write: the request's "
             "table keeps the block the prefix cache shares, and the request writes its next tokens into it"
@@ -92,6 +93,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=43,
         name="copy-block-not-counted",
+        layout="mamba",
         description=(
             "admission does not count the block a copy on write takes (a hit ending inside a "
             "block, or a state cached inside the block its request goes on writing): a step that does not fit is "
@@ -121,6 +123,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=44,
         name="state-entry-left-on-written-block",
+        layout="mamba",
         description=(
             "an align-mode Mamba state a request cached inside the block it goes on writing is "
             "copied, but its cache entry stays on that block: a later hit reads a state overwritten since"
@@ -209,6 +212,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=50,
         name="eagle-drops-a-block-inside-sub-block-hits",
+        layout="mamba",
         description=(
             "with sub-block hits, full attention's lookup for an EAGLE drafter drops a whole block "
             "of its hit, not one hash block: hits come out a block short and the drafter recomputes cached tokens"
@@ -266,6 +270,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=52,
         name="rswa-hits-stop-at-whole-blocks",
+        layout="samba",
         description=(
             "R-SWA's lookup probes whole blocks only, as a sliding window's does, though sub-block "
             "hits count on it: beside Mamba states cached inside its blocks every hit ends on an R-SWA block boundary, "
@@ -314,6 +319,7 @@ FAMILY.declare(
     FaultDeclaration(
         number=53,
         name="sub-block-hits-beside-a-window-hashed-finer",
+        layout="samba",
         description=(
             "sub-block hits are turned on whenever Mamba states are in blocks larger than the "
             "hashes, never asking whether a sliding-window or chunked-local group hashed finer than its blocks can "

@@ -7,9 +7,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections import Counter
+from pathlib import Path
 
 import kvcheck.faults
 from kvcheck.faults import DECLARED, FAMILIES, FAULTS, VLLM_FAULTS
+from kvcheck.trace import load_trace
 
 
 def test_every_module_declaring_faults_is_a_family_of_the_catalogue() -> None:
@@ -50,3 +52,23 @@ def test_the_vllm_catalogue_lists_every_vllm_plant_by_its_number() -> None:
 
 def test_every_vllm_fault_is_a_kvcore_fault_of_the_same_name() -> None:
     assert VLLM_FAULTS.keys() <= FAULTS.keys()
+
+
+def test_a_fault_hunted_in_a_layout_of_its_own_shows_there_in_the_corpus() -> None:
+    """A fault declared to be hunted in the Mamba layouts has a corpus trace with a Mamba group, and
+    one hunted beside local attention a trace with a window beside the states: the layout
+    ``bench_detection.py`` runs it in can make the configuration it needs."""
+    corpus = Path(__file__).resolve().parents[2] / "regressions" / "traces"
+    shown: dict[str, list[set[str]]] = {}
+    for path in sorted(corpus.glob("*.json")):
+        trace = load_trace(path)
+        if trace.expect is not None and trace.expect.fault is not None:
+            rules = [group.rules for group in trace.config.groups]
+            traits = {"mamba"} if any(r.holds_state for r in rules) else set()
+            if traits and any(r.has_window for r in rules):
+                traits.add("samba")
+            shown.setdefault(trace.expect.fault, []).append(traits)
+    hunted = {fault.name: fault.layout for fault in DECLARED if isinstance(fault.layout, str)}
+    assert hunted, "no fault declares a layout of its own"
+    wrong = sorted(name for name, layout in hunted.items() if not any(layout in t for t in shown.get(name, [])))
+    assert not wrong, f"hunted in a layout their corpus traces do not have: {wrong}"
