@@ -94,19 +94,3 @@ class Kind:
         """Blocks a request holds at once with ``max_in_flight_tokens`` tokens in flight, in blocks of
         ``block_size`` tokens, or ``None`` when it holds all it has."""
         return None
-
-    def step_positions(
-        self,
-        group: Group,
-        block_size: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        num_encoder_tokens: int,
-        state_tokens: int | None,
-    ) -> tuple[int, ...]:
-        """The block positions a step computing ``num_new_tokens`` tokens after ``num_computed_tokens``
-        reads or writes: the attended blocks up to the last new token."""
-        end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
-        gap = self.released_blocks(group, num_computed_tokens, num_prompt_tokens, block_size)
-        return tuple(p for p in range(gap.stop, end) if p not in gap)

@@ -3,7 +3,7 @@ outside the prefix cache."""
 
 from __future__ import annotations
 
-from kvmodel.kinds.base import Group, Kind, ceil_div
+from kvmodel.kinds.base import Group, Kind
 
 
 class CrossAttention(Kind):
@@ -16,18 +16,6 @@ class CrossAttention(Kind):
 
     def slot_blocks(self, group: Group, num_tokens: int, block_size: int, encoder_blocks: int) -> int:
         return encoder_blocks
-
-    def step_positions(
-        self,
-        group: Group,
-        block_size: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        num_encoder_tokens: int,
-        state_tokens: int | None,
-    ) -> tuple[int, ...]:
-        return tuple(range(ceil_div(num_encoder_tokens, block_size)))
 
 
 CROSS_ATTENTION = CrossAttention("cross_attention")

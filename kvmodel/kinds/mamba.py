@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from kvmodel.kinds.base import Group, Kind, ceil_div
+from kvmodel.kinds.base import Group, Kind
 
 
 class Mamba(Kind):
@@ -31,21 +31,6 @@ class MambaAlign(Mamba):
 
     def needed_positions(self, group: Group, hit_blocks: int, block_size: int) -> range:
         return range(hit_blocks - 1, hit_blocks) if hit_blocks else range(0)
-
-    def step_positions(
-        self,
-        group: Group,
-        block_size: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        num_encoder_tokens: int,
-        state_tokens: int | None,
-    ) -> tuple[int, ...]:
-        # The state it starts from and the block of its last token; the positions between are null.
-        end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
-        start_state = ceil_div(num_computed_tokens if state_tokens is None else state_tokens, block_size) - 1
-        return tuple(sorted({p for p in (start_state, end - 1) if p >= 0}))
 
 
 MAMBA = Mamba("mamba")

@@ -15,18 +15,6 @@ class Ring(Kind):
     def slot_blocks(self, group: Group, num_tokens: int, block_size: int, encoder_blocks: int) -> int:
         return 1
 
-    def step_positions(
-        self,
-        group: Group,
-        block_size: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        num_encoder_tokens: int,
-        state_tokens: int | None,
-    ) -> tuple[int, ...]:
-        return (0,)
-
 
 RING = Ring("ring")
 KINDS = (RING,)

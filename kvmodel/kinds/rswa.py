@@ -21,21 +21,6 @@ class Rswa(Kind):
         window_start = max(num_prompt_tokens, num_computed_tokens - group.window)
         return range(ceil_div(num_prompt_tokens, block_size), window_start // block_size)
 
-    def step_positions(
-        self,
-        group: Group,
-        block_size: int,
-        num_computed_tokens: int,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        num_encoder_tokens: int,
-        state_tokens: int | None,
-    ) -> tuple[int, ...]:
-        # The prompt and the window: every position up to the last new token but the released gap.
-        end = ceil_div(num_computed_tokens + num_new_tokens, block_size)
-        gap = self.released_blocks(group, num_computed_tokens, num_prompt_tokens, block_size)
-        return tuple(p for p in range(end) if p not in gap)
-
 
 RSWA = Rswa("rswa")
 KINDS = (RSWA,)
