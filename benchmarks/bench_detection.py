@@ -98,13 +98,15 @@ def main() -> int:
         else "each fault in the layout it declares (drawn: groups drawn from 1 to 4; mamba: the Mamba layouts; "
         "samba: Mamba beside local attention)"
     )
+    # The commit the runs measure, taken before they start (a run of an hour may see later commits).
+    written_by = provenance("bench_detection.py")
     start = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         outcomes = pool.map(hunt, tasks, chunksize=1)
     lines = [
         "# Detection power of the manager machine",
         "",
-        provenance("bench_detection.py"),
+        written_by,
         f"Target {args.target}, {len(faults)} faults x {len(seeds)} seeds, {args.examples} examples per run, "
         f"{layouts}; {len(tasks)} runs in {time.perf_counter() - start:.0f} s on {args.workers} workers.",
         f"Seeds: {seeds}.",
