@@ -2,9 +2,9 @@
 
 Each run draws a configuration the scheduler can run (kvcheck's configuration space, redrawn while
 :func:`~kvcheck.vllm_scheduler.build.refusal` refuses it), the scheduler's budget and batch size,
-and a workload; runs it; and checks the record against the model.  A failure is shrunk on the
-workload, keeping the configuration: requests dropped, prompts and outputs cut, arrivals moved
-earlier, as long as the same invariant still fails.
+and a workload; runs it; and checks the record against the model.  A failure is shrunk as
+long as the same invariant still fails: requests dropped, prompts and outputs cut, arrivals moved
+earlier, then the configuration simplified as kvcheck's shrinker simplifies a trace's.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from typing import Any
 import attrs
 
 from kvcheck.config_space import random_config
+from kvcheck.shrink import config_simplifications
 from kvcheck.vllm_scheduler.build import SchedulerSettings, refusal, scheduled_config
 from kvcheck.vllm_scheduler.check import check_record
 from kvcheck.vllm_scheduler.engine import SchedulerRecord, SchedulerRun
 from kvcheck.vllm_scheduler.workload import Workload, random_workload
 from kvmodel.config import TargetConfig
+from kvmodel.config_checks import ConfigError
 from kvmodel.invariants import InvariantViolation
 from kvmodel.ops import Preempt
 
@@ -108,14 +110,15 @@ def search(
 
 
 def shrink(failure: SchedulerFailure, plant: Plant | None = None, max_tries: int = 400) -> SchedulerFailure:
-    """The smallest workload found that fails the same invariant, trying the smaller workloads of
-    :func:`smaller_workloads` first to last and starting over from each one that still fails."""
+    """The smallest case found that fails the same invariant: the smaller workloads of
+    :func:`smaller_workloads`, then the simpler configurations kvcheck's shrinker tries
+    (:func:`kvcheck.shrink.config_simplifications`) that the scheduler runs, each tried first to last,
+    starting over from each one that still fails."""
     best, tries, improved = failure, 0, True
     while improved and tries < max_tries:
         improved = False
-        for workload in smaller_workloads(best.case.workload):
+        for case in smaller_cases(best.case):
             tries += 1
-            case = attrs.evolve(best.case, workload=workload)
             record, violation = run_case(case, plant)
             if violation is not None and violation.invariant == failure.violation.invariant:
                 best, improved = SchedulerFailure(case, violation, record), True
@@ -123,6 +126,22 @@ def shrink(failure: SchedulerFailure, plant: Plant | None = None, max_tries: int
             if tries >= max_tries:
                 break
     return best
+
+
+def smaller_cases(case: SchedulerCase) -> Iterator[SchedulerCase]:
+    """Cases a step smaller than ``case``: its workload smaller, or its configuration simpler."""
+    for workload in smaller_workloads(case.workload):
+        yield attrs.evolve(case, workload=workload)
+    for simpler in config_simplifications(case.config):
+        config = scheduled_config(simpler, case.settings)
+        if config == case.config:
+            continue  # simpler only in what the scheduler's budget sets anyway
+        try:
+            config.validate()
+        except ConfigError:
+            continue
+        if refusal(config, case.settings) is None:
+            yield attrs.evolve(case, config=config)
 
 
 def smaller_workloads(workload: Workload) -> Iterator[Workload]:

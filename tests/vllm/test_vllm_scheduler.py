@@ -117,12 +117,14 @@ def test_a_request_that_never_fits_stalls_the_run_and_the_pool_drains() -> None:
 
 def test_a_fault_in_the_schedulers_manager_is_caught_and_shrunk() -> None:
     """FIFO reuse with caching off, planted into the scheduler's own manager: caught by the reuse order,
-    shrunk to a request's arrival, its step and its finish; the shrunk workload runs clean on vLLM."""
+    shrunk to a request's arrival, its step and its finish in a pool of 2 blocks and one group; the
+    shrunk case runs clean on vLLM."""
     report = search(seed=0, max_runs=50, plant=VLLM_FAULTS["fifo-reuse-when-caching-off"].plant)
     assert report.failure is not None and report.shrunk is not None
     assert report.shrunk.violation.invariant == "lifo_head_reuse_when_caching_off"
     assert len(report.shrunk.record.ops) <= len(report.failure.record.ops)
     assert [type(op) for op in report.shrunk.record.ops] == [AddRequest, Schedule, Finish]
+    assert len(report.shrunk.case.config.groups) == 1 and report.shrunk.case.config.num_blocks == 3
     _, clean = run_case(report.shrunk.case)
     assert clean is None
 
