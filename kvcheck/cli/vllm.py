@@ -130,7 +130,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     except VllmUnavailable as exc:
         return bad_input(f"scheduler: {exc}")
     plant = VLLM_FAULTS[args.fault].plant if args.fault else None
-    report = search(seed=args.seed, max_runs=args.runs, plant=plant)
+    report = search(seed=args.seed, max_runs=args.runs, plant=plant, check_imitation=plant is None)
     planted = f", fault {args.fault} planted" if args.fault else ""
     print(
         f"vLLM {v.version}'s Scheduler (synchronous, first come first served{planted}): {report.runs:,} workloads "
@@ -138,8 +138,14 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         f"({report.preemptions:,} preemptions; {report.stalled:,} runs stalled with requests that never fit), "
         f"{report.seconds:.1f} s"
     )
+    if report.imitation_gap is not None:
+        case, gap = report.imitation_gap
+        print(f"every invariant held, but kvcheck's own scheduler does not make vLLM's calls: {gap}")
+        print(f"config: {case.config.describe()}; scheduler: {case.settings}; workload: {case.workload}")
+        return EXIT_VIOLATION
     if report.shrunk is None:
-        print("every invariant held")
+        imitated = "; kvcheck's own scheduler made the same calls on every run" if plant is None else ""
+        print(f"every invariant held{imitated}")
         return EXIT_OK
     failure = report.shrunk
     case = failure.case

@@ -8,7 +8,10 @@ every call it makes into its ``KVCacheManager`` checked against the reference mo
 - :mod:`~kvcheck.vllm_scheduler.engine`: the engine loop and its model runner, and the record of
   the scheduler's allocator calls, read as kvcheck operations;
 - :mod:`~kvcheck.vllm_scheduler.check`: the record checked against the model, call by call and step
-  by step.
+  by step;
+- :mod:`~kvcheck.vllm_scheduler.imitation`: kvcheck's own scheduler held to vLLM's on the same
+  operations;
+- :mod:`~kvcheck.vllm_scheduler.search`: random cases, and a failing one shrunk.
 
 Nothing here imports vLLM until a scheduler is built.
 """

@@ -42,6 +42,8 @@ class SchedulerStep:
     ops: tuple[Operation, ...]
     results: tuple[StepResult, ...]
     observation: Observation
+    calls: tuple[tuple[Call, ...], ...] = ()
+    """Per operation, the allocator calls it amounts to, with their arguments."""
     drained_for_zeroing: tuple[int, ...] | None = None
     """What the scheduler's drain of the zeroing record returned in this step (``None``: no drain)."""
     recorded_for_zeroing: tuple[int, ...] = ()
@@ -65,6 +67,32 @@ class SchedulerRecord:
         return tuple(op for step in self.steps for op in step.ops)
 
 
+def _argument(value: object) -> object:
+    """A call's argument as the record keeps it: a request by its id, blocks by their ids."""
+    if hasattr(value, "request_id") and hasattr(value, "num_computed_tokens"):
+        return value.request_id
+    if hasattr(value, "blocks") and hasattr(value, "get_block_ids"):
+        return block_ids(value.blocks)
+    return value
+
+
+Call = tuple[str, tuple[tuple[str, object], ...]]
+"""An allocator call as the record keeps it: its name and its arguments by name."""
+
+
+@attrs.frozen
+class Taken:
+    """What a :class:`CallRecorder` read since it was last asked: the operations, vLLM's result and
+    the calls for each, what the scheduler's drain of the zeroing record returned (``None``: no drain),
+    and what the allocations before it recorded, group by group."""
+
+    ops: tuple[Operation, ...]
+    results: tuple[StepResult, ...]
+    calls: tuple[tuple[Call, ...], ...]
+    drained: tuple[int, ...] | None
+    recorded: tuple[int, ...]
+
+
 class UntranslatedCall(Exception):
     """The scheduler made an allocator call that has no kvcheck operation yet."""
 
@@ -77,6 +105,8 @@ class CallRecorder:
     scheduling preempts, otherwise it finishes."""
 
     READ = ("new_step_starts", "get_computed_blocks", "allocate_slots", "free", "take_new_block_ids")
+    OP_CALLS = ("get_computed_blocks", "allocate_slots", "free")
+    """The calls an operation amounts to (the others start a step or drain a record)."""
     UNTRANSLATED = ("cache_blocks", "evict_blocks", "reset_prefix_cache", "pop_blocks_for_free")
 
     def __init__(self, manager: Any, num_groups: int) -> None:
@@ -87,6 +117,9 @@ class CallRecorder:
         self.drained: tuple[int, ...] | None = None
         """What the scheduler's last drain of the zeroing record returned (``None``: no drain yet)."""
         self._drained_expected: tuple[int, ...] = ()
+        self.op_calls: list[tuple[Call, ...]] = []
+        """Per operation read, the calls it amounts to, with their arguments."""
+        self._pending_calls: list[Call] = []
         self.raised: str | None = None
         """The call the scheduler made that raised, and what it raised (``None``: none raised)."""
         self._no_hit: tuple[GroupIds, int] = tuple(() for _ in range(num_groups)), 0
@@ -98,19 +131,25 @@ class CallRecorder:
         for name in (*self.READ, *self.UNTRANSLATED):
             self._wrap(manager, name)
 
-    def take(self) -> tuple[tuple[Operation, ...], tuple[StepResult, ...], tuple[int, ...] | None, tuple[int, ...]]:
-        """The operations read since the last take, with vLLM's results; what the scheduler's drain of
-        the zeroing record returned, and what the allocations before it recorded, group by group."""
-        taken = tuple(self.ops), tuple(self.results), self.drained, self._drained_expected
+    def take(self) -> Taken:
+        """What was read since the last take."""
+        taken = Taken(tuple(self.ops), tuple(self.results), tuple(self.op_calls), self.drained, self._drained_expected)
         self.ops.clear()
         self.results.clear()
+        self.op_calls.clear()
         self.drained, self._drained_expected = None, ()
         return taken
 
+    def _read_op(self, op: Operation, result: StepResult) -> None:
+        """An operation read, with vLLM's result and the calls since the last one."""
+        self.ops.append(op)
+        self.results.append(result)
+        self.op_calls.append(tuple(self._pending_calls))
+        self._pending_calls.clear()
+
     def add(self, op: Operation) -> None:
         """An operation the engine performs itself (a request's arrival)."""
-        self.ops.append(op)
-        self.results.append(StepResult())
+        self._read_op(op, StepResult())
 
     def _wrap(self, manager: Any, name: str) -> None:
         call = getattr(manager, name)
@@ -136,6 +175,9 @@ class CallRecorder:
                 raise
             finally:
                 self._depth -= 1
+            if name in self.OP_CALLS:
+                arguments = tuple((key, _argument(value)) for key, value in bound.arguments.items() if key != "self")
+                self._pending_calls.append((name, arguments))
             read(before, bound.arguments, result)
             return result
 
@@ -172,8 +214,8 @@ class CallRecorder:
         self._joins_step = True
         admitted = result is not None
         slots = computed + hit_length + external + new_tokens + arguments["num_lookahead_tokens"]
-        self.ops.append(op)
-        self.results.append(
+        self._read_op(
+            op,
             StepResult(
                 admitted=admitted,
                 hit_length=hit_length if waiting else None,
@@ -182,7 +224,7 @@ class CallRecorder:
                 num_external_tokens=external if admitted and waiting else 0,
                 num_slots=slots if admitted else None,
                 zeroed_block_ids=tuple(block for ids in zeroed for block in ids),
-            )
+            ),
         )
         return None
 
@@ -199,8 +241,7 @@ class CallRecorder:
             return True
         rid = arguments["request"].request_id
         self._hits.pop(rid, None)
-        self.ops.append(Preempt(rid) if self.phase == "schedule" else Finish(rid))
-        self.results.append(StepResult())
+        self._read_op(Preempt(rid) if self.phase == "schedule" else Finish(rid), StepResult())
         return None
 
 
@@ -312,5 +353,7 @@ class SchedulerRun:
                 self.observer.learn_hashes(rid)
             else:
                 self.observer.unfollow(rid)
-        ops, results, drained, recorded = self.recorder.take()
-        return SchedulerStep(number, ops, results, self.observer.observe(), drained, recorded)
+        taken = self.recorder.take()
+        return SchedulerStep(
+            number, taken.ops, taken.results, self.observer.observe(), taken.calls, taken.drained, taken.recorded
+        )

@@ -21,6 +21,7 @@ from kvcheck.shrink import config_simplifications
 from kvcheck.vllm_scheduler.build import SchedulerSettings, refusal, scheduled_config
 from kvcheck.vllm_scheduler.check import check_record
 from kvcheck.vllm_scheduler.engine import SchedulerRecord, SchedulerRun
+from kvcheck.vllm_scheduler.imitation import ImitationGap, imitation_gap
 from kvcheck.vllm_scheduler.workload import Workload, random_workload
 from kvmodel.config import TargetConfig
 from kvmodel.config_checks import ConfigError
@@ -60,6 +61,9 @@ class SchedulerSearchReport:
     seconds: float = 0.0
     failure: SchedulerFailure | None = None
     shrunk: SchedulerFailure | None = None
+    imitation_gap: tuple[SchedulerCase, ImitationGap] | None = None
+    """A clean run whose calls kvcheck's own scheduler did not make alike, and where (with
+    ``check_imitation``)."""
 
 
 def random_case(rng: random.Random) -> SchedulerCase:
@@ -87,9 +91,16 @@ def run_case(case: SchedulerCase, plant: Plant | None = None) -> tuple[Scheduler
 
 
 def search(
-    seed: int = 0, max_runs: int = 100, max_seconds: float | None = None, plant: Plant | None = None
+    seed: int = 0,
+    max_runs: int = 100,
+    max_seconds: float | None = None,
+    plant: Plant | None = None,
+    check_imitation: bool = False,
 ) -> SchedulerSearchReport:
-    """Random cases from ``seed`` until one fails (then shrunk) or the budget is spent."""
+    """Random cases from ``seed`` until one fails (then shrunk) or the budget is spent.  With
+    ``check_imitation``, each clean run's operations are also replayed through kvcheck's own scheduler,
+    which must make the same calls (:func:`~kvcheck.vllm_scheduler.imitation.imitation_gap`); the first
+    run where it does not ends the search too."""
     rng = random.Random(seed)
     report = SchedulerSearchReport()
     start = time.perf_counter()
@@ -104,6 +115,10 @@ def search(
         if violation is not None:
             report.failure = SchedulerFailure(case, violation, record)
             report.shrunk = shrink(report.failure, plant)
+            break
+        gap = imitation_gap(record) if check_imitation else None
+        if gap is not None:
+            report.imitation_gap = case, gap
             break
     report.seconds = time.perf_counter() - start
     return report

@@ -167,3 +167,31 @@ def test_a_configuration_the_scheduler_cannot_run_yet_is_refused_by_field() -> N
             ),
             SETTINGS,
         )
+
+
+def test_kvcheck_s_own_scheduler_makes_the_calls_vllm_s_makes() -> None:
+    """Replayed through kvcheck's own scheduler, the operations of 40 random runs make the same calls,
+    with the same arguments and results, as vLLM's scheduler made."""
+    report = search(seed=2, max_runs=40, check_imitation=True)
+    assert report.failure is None and report.imitation_gap is None and report.runs == 40
+
+
+def test_an_imitation_that_passes_other_arguments_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvcheck's scheduler made to tell the allocator, wrongly, whether other requests are scheduled:
+    the first admission already differs from vLLM's call."""
+    from kvcheck.targets.vllm_target import VllmTarget
+    from kvcheck.vllm_scheduler.imitation import imitation_gap
+
+    keywords = VllmTarget.allocate_slots_keywords
+
+    def slipped(self: VllmTarget, *args: object, **kwargs: object) -> dict[str, object]:
+        chosen = keywords(self, *args, **kwargs)  # type: ignore[arg-type]
+        if "has_scheduled_reqs" in chosen:
+            chosen["has_scheduled_reqs"] = not chosen["has_scheduled_reqs"]
+        return chosen
+
+    record = SchedulerRun(config(10), SETTINGS).run(Workload((Arrival(0, "a", (1, 2, 3), (4,)),)))
+    assert imitation_gap(record) is None
+    monkeypatch.setattr(VllmTarget, "allocate_slots_keywords", slipped)
+    gap = imitation_gap(record)
+    assert gap is not None and gap.position == 2 and gap.op == Schedule("a", 3, sampled_token=4)
