@@ -77,7 +77,12 @@ def random_case(rng: random.Random) -> SchedulerCase:
         # The scheduler sets its own reservation for parked loads; no connector parks any here.
         config = scheduled_config(attrs.evolve(drawn, reserved_blocks=0), settings)
         if refusal(config, settings) is None:
-            return SchedulerCase(config.validate(), settings, random_workload(rng))
+            # In nine runs in ten no request is longer than an even share of the pool holds, as vLLM's
+            # engine refuses a model whose longest request does not fit its KV cache; so requests are
+            # preempted and come back rather than wait forever.  The other runs may stall.
+            share = (config.num_blocks - 1) // len(config.groups) * config.block_size
+            longest = max(1, share) if rng.random() < 0.9 else None
+            return SchedulerCase(config.validate(), settings, random_workload(rng, max_tokens=longest))
 
 
 def run_case(case: SchedulerCase, plant: Plant | None = None) -> tuple[SchedulerRecord, InvariantViolation | None]:

@@ -66,12 +66,19 @@ TOKEN_ALPHABET = 3
 
 
 def random_workload(
-    rng: random.Random, max_requests: int = 8, max_prompt_tokens: int = 24, max_outputs: int = 8, steps: int = 12
+    rng: random.Random,
+    max_requests: int = 8,
+    max_prompt_tokens: int = 24,
+    max_outputs: int = 8,
+    steps: int = 12,
+    max_tokens: int | None = None,
 ) -> Workload:
     """A workload of up to ``max_requests`` requests arriving over the first ``steps`` engine steps:
     fresh prompts over a small alphabet, a third of them continuing an earlier request's prompt and
     outputs (the next turn of a conversation, whose prefix is cached), a few repeating one; up to
-    ``max_outputs`` tokens sampled each; one request in eight aborted a few steps after it arrives."""
+    ``max_outputs`` tokens sampled each; one request in eight aborted a few steps after it arrives.
+    With ``max_tokens``, no request's prompt and outputs together are longer (a continuation keeps its
+    prompt's end)."""
     arrivals: list[Arrival] = []
     aborts: list[Abort] = []
     for index in range(rng.randint(1, max_requests)):
@@ -87,6 +94,9 @@ def random_workload(
         else:
             prompt = fresh
         outputs = tuple(rng.randrange(TOKEN_ALPHABET) for _ in range(rng.randint(1, max_outputs)))
+        if max_tokens is not None:
+            outputs = outputs[: max(1, max_tokens // 2)]
+            prompt = prompt[-max(1, max_tokens - len(outputs)) :]
         arrivals.append(Arrival(step, f"r{index}", prompt, outputs))
         if rng.random() < 1 / 8:
             aborts.append(Abort(step + rng.randint(0, 4), f"r{index}"))
