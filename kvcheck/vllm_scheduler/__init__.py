@@ -5,8 +5,8 @@ every call it makes into its ``KVCacheManager`` checked against the reference mo
   of a configuration it can be asked to run;
 - :mod:`~kvcheck.vllm_scheduler.workload`: requests arriving over time, what they sample, when they
   are aborted;
-- :mod:`~kvcheck.vllm_scheduler.engine`: the engine loop and its model runner, and the record of
-  the scheduler's allocator calls, read as kvcheck operations;
+- :mod:`~kvcheck.vllm_scheduler.engine`: the engine loop and its model runner;
+- :mod:`~kvcheck.vllm_scheduler.recorder`: the scheduler's allocator calls, read as kvcheck operations;
 - :mod:`~kvcheck.vllm_scheduler.check`: the record checked against the model, call by call and step
   by step;
 - :mod:`~kvcheck.vllm_scheduler.imitation`: kvcheck's own scheduler held to vLLM's on the same

@@ -2,7 +2,7 @@
 
 The operations a workload's run through vLLM's scheduler amounts to are replayed through kvcheck's
 scheduler (:class:`~kvcheck.targets.vllm_target.VllmTarget`) on a fresh vLLM manager, its calls read by
-the same :class:`~kvcheck.vllm_scheduler.engine.CallRecorder`.  Each operation must make the calls
+the same :class:`~kvcheck.vllm_scheduler.recorder.CallRecorder`.  Each operation must make the calls
 vLLM's scheduler made for it, with the same arguments and results; the first one that does not is an
 imitation gap: kvcheck's scheduler makes a call sequence vLLM's does not, or not with those arguments.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 import attrs
 
 from kvcheck.targets.vllm_target import VllmTarget
-from kvcheck.vllm_scheduler.engine import Call, CallRecorder, SchedulerRecord
+from kvcheck.vllm_scheduler.engine import SchedulerRecord
+from kvcheck.vllm_scheduler.recorder import Call, CallRecorder
 from kvmodel.ops import AddRequest, Finish, Operation, Schedule, StepResult, describe_op
 
 
