@@ -124,8 +124,8 @@ def build_scheduler(config: TargetConfig, settings: SchedulerSettings) -> Any:
     if refused is not None:
         field, reason = refused
         raise ValueError(f"{field}: {reason}")
-    _prepare_environment()
     v = require_vllm()
+    _prepare_environment(v.version)
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
@@ -207,12 +207,12 @@ def cache_folder() -> Path:
     return Path(tempfile.gettempdir()) / "kvcheck-vllm-cache"
 
 
-def _prepare_environment() -> None:
-    """Offline, quiet, and caching in :func:`cache_folder` rather than the home folder, unless the
-    caller chose otherwise."""
+def _prepare_environment(version: str) -> None:
+    """Offline, and caching in :func:`cache_folder` (a folder per vLLM release, whose entries would
+    otherwise replace each other's) rather than the home folder, unless the caller chose otherwise."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_folder() / "vllm"))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_folder() / f"vllm-{version}"))
 
 
 def _model_folder(version: str) -> Path:
