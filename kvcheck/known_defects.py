@@ -213,10 +213,12 @@ DEFECTS: tuple[KnownDefect, ...] = (
         "prefill-checkpoint-past-the-hashes",
         "Called as an async step may call it: an 8-token request with hashes that look 1 token ahead (7 "
         "hashes) computes 7 tokens, then schedules 2 (its last known token and one in flight); the chunk's "
-        "checkpoint is past the hashes and cache_partial_block asserts.  vLLM's own scheduler does not "
-        "re-admit a preempted request while a deliverable stale output is in flight, so whether its scheduler "
-        "reaches this is not established.  kvcore keeps such a checkpoint uncached; kvcheck refuses prefill "
-        "checkpoints with async scheduling and hashes that look ahead.",
+        "checkpoint is past the hashes and cache_partial_block asserts.  kvcheck's scheduler reached it by "
+        "re-admitting a preempted request while output it scheduled before was in flight; vLLM's own "
+        "scheduler does not re-admit such a request outside drop mode (where that output is discarded), and "
+        "kvcheck's no longer does, so whether vLLM's scheduler reaches this is not established.  kvcore keeps "
+        "such a checkpoint uncached; kvcheck refuses prefill checkpoints with async scheduling and hashes "
+        "that look ahead.",
         BOTH,
         _checkpoint_past_the_hashes_async,
     ),

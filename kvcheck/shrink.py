@@ -97,7 +97,9 @@ def _op_simplifications(op: Operation) -> Iterator[Operation]:
             yield attrs.evolve(op, block_ids=op.block_ids[:index] + op.block_ids[index + 1 :])
 
 
-def _config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
+def config_simplifications(config: TargetConfig) -> Iterator[TargetConfig]:
+    """Configurations a step simpler than ``config`` (fewer groups, a smaller pool, plainer features);
+    a candidate may not validate."""
     if config.async_scheduling:
         yield attrs.evolve(config, async_scheduling=False, defer_block_free=False)
     if config.defer_block_free:
@@ -338,7 +340,7 @@ def shrink(make_target: TargetFactory, failure: Failure, max_attempts: int = 20_
         return progress
 
     def simplify_config() -> bool:
-        for simpler in _config_simplifications(config):
+        for simpler in config_simplifications(config):
             if attempts >= max_attempts:
                 return False
             try:

@@ -90,7 +90,8 @@ class _Run:
 
     def warm_start(self) -> list[Operation]:
         """Memory pressure from the first step, as the manager machine's warm start: a request whose
-        prefill takes every block of its share is preempted, and usually resumed at once with a few of
+        prefill takes every block of its share is preempted, and usually resumed as soon as the scheduler
+        would (at once, or under async scheduling once its prefill's output is processed) with a few of
         its tokens loaded by a connector."""
         rng, config = self.rng, self.lockstep.config
         per_group_tokens = (config.num_blocks - 1) // len(config.groups) * config.block_size
@@ -104,6 +105,9 @@ class _Run:
             Preempt(request_id),
         ]
         if rng.random() < 0.9:
+            if config.async_scheduling:
+                # The scheduler resumes it only once the output of its prefill, in flight, is processed.
+                ops.append(ProcessOutput())
             ops.append(Schedule(request_id, extra, rng.randint(0, 8), 0))
         return ops
 

@@ -103,6 +103,8 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         if self.pipeline.full():
             self._process_output()
         waiting = not request.running
+        if waiting and self.pipeline.holds_stale_output(rid):
+            return StepResult()  # not admitted again until its output from before the preemption is processed
         placeholders = self.pipeline.num_placeholders(rid)
         if not waiting and request.num_computed_tokens >= len(request.tokens) + placeholders:
             return StepResult()
@@ -204,7 +206,7 @@ class ManagerModel(PrefixLookup, PrefixCaching, Allocation):
         new tokens and no lookahead; nothing is cached until the load finishes."""
         rid = op.request_id
         request = self.requests[rid]
-        if request.running or request.loading:
+        if request.running or request.loading or self.pipeline.holds_stale_output(rid):
             return StepResult()
         self.cached_this_step.clear()  # a new scheduler step starts
         num_groups = len(self.groups)

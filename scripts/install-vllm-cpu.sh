@@ -10,8 +10,9 @@
 #
 # vLLM's declared dependencies pull a multi-GB CUDA torch and GPU-only
 # packages, so this installs torch 2.13.0 first, then the packages vLLM's
-# allocator modules import (requirements-vllm-cpu.txt, pinned) and vLLM
-# itself, both without dependency resolution, then this checkout (Hypothesis
+# allocator and scheduler modules import (requirements-vllm-cpu.txt, pinned;
+# einops for the model configuration, whose architecture check imports the
+# model's module) and vLLM itself, both without dependency resolution, then this checkout (Hypothesis
 # and pytest come with it), pytest-xdist, and ruff (the exported tests are
 # checked with it); the test extra's Ray and mypy stay out of this venv.  pip
 # warns that vLLM asks for torch 2.14.0 and a few other exact pins: harmless

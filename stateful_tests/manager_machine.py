@@ -77,9 +77,9 @@ def manager_machine(
         ) -> object:
             """Draw the configuration; on a warm start (three runs in four), begin under memory
             pressure: a request whose prefill took every block was preempted, leaving the pool
-            full of its blocks (cached when caching is on), and is usually resumed at once
-            (as a scheduler resumes preempted requests first), part of its prompt loaded by a KV
-            connector."""
+            full of its blocks (cached when caching is on), and is usually resumed as soon as the
+            scheduler would (it resumes preempted requests first: at once, or under async scheduling
+            once its prefill's output is processed), part of its prompt loaded by a KV connector."""
             # A warm pool is mostly one of cached blocks: caching is on in two warm starts in three.
             caching = data.draw(st.sampled_from((None, True)), label="caching") if warm_start else None
             configs = target_configs(num_groups, warm_start, caching, drafter_and_async)
@@ -93,6 +93,9 @@ def manager_machine(
             self._step(Schedule(request_id, per_group_tokens, 0, 0))
             self._step(Preempt(request_id))
             if resume_external_tokens is not None:
+                if config.async_scheduling:
+                    # The scheduler resumes it only once its prefill's output, in flight, is processed.
+                    self._step(ProcessOutput())
                 self._step(Schedule(request_id, extra, resume_external_tokens, 0))
             return request_id
 

@@ -20,7 +20,7 @@ from kvcheck.cli.search import (
     cmd_kill_matrix,
 )
 from kvcheck.cli.suite import cmd_export, cmd_promote, cmd_replay, cmd_run, cmd_show
-from kvcheck.cli.vllm import cmd_doctor, cmd_drift_compare, cmd_drift_record
+from kvcheck.cli.vllm import cmd_doctor, cmd_drift_compare, cmd_drift_record, cmd_scheduler
 from kvmodel.limits import MAX_FULL_CHECK_EVERY, MAX_GROUPS, MAX_KILL_MATRIX_SEEDS, MAX_SEED, MAX_SWARM_RUNS
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_VIOLATION", "build_parser", "default_corpus", "main", "suite_folder"]
@@ -165,6 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="what vLLM is installed, which release's semantics kvcheck follows, and which known defects it shows",
     )
     doctor.set_defaults(func=cmd_doctor)
+
+    scheduler = commands.add_parser(
+        "scheduler",
+        help="random workloads through vLLM's own scheduler, every allocator call it makes checked (needs vLLM)",
+    )
+    scheduler.add_argument("--runs", type=int, default=200, help=f"workloads to run (1 to {MAX_SWARM_RUNS:,})")
+    scheduler.add_argument("--seed", type=int, default=0, help=f"the workloads' seed (0 to {MAX_SEED})")
+    scheduler.add_argument(
+        "--fault", default=None, help="plant a fault expressed against vLLM into the scheduler's own manager"
+    )
+    scheduler.add_argument(
+        "--trace-out",
+        default="kvcheck-scheduler-failure.json",
+        help="where a failure's shrunk calls are written as a trace (default: kvcheck-scheduler-failure.json)",
+    )
+    scheduler.set_defaults(func=cmd_scheduler)
 
     drift = commands.add_parser(
         "drift", help="record the installed vLLM's outcomes on fixed runs, or diff two releases' recordings"

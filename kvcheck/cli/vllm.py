@@ -1,4 +1,4 @@
-"""The commands about the installed vLLM: doctor, and drift between releases."""
+"""The commands about the installed vLLM: doctor, drift between releases, and its own scheduler driven by workloads."""
 
 from __future__ import annotations
 
@@ -103,4 +103,82 @@ def cmd_drift_compare(args: argparse.Namespace) -> int:
     print(f"{versions}: {counts} (each a row of kvcheck/vllm_releases.py or a finding):")
     for drift in drifts:
         print(f"  {drift}")
+    return EXIT_VIOLATION
+
+
+# -- vLLM's own scheduler ---------------------------------------------------------
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """Random workloads through vLLM's own scheduler, every allocator call it makes checked against the
+    model; a failure is shrunk, printed, and written as a trace of those calls."""
+    import datetime
+
+    from kvcheck.faults import VLLM_FAULTS
+    from kvcheck.targets.vllm_target import VllmUnavailable, require_vllm
+    from kvcheck.trace import Expectation, Provenance, Trace
+    from kvcheck.vllm_scheduler.search import search
+    from kvmodel.ops import describe_op
+
+    refusal = out_of_range([("--runs", args.runs, 1, MAX_SWARM_RUNS), ("--seed", args.seed, 0, MAX_SEED)])
+    if refusal is not None:
+        return bad_input(refusal)
+    if args.fault is not None and args.fault not in VLLM_FAULTS:
+        return bad_input(f"--fault: {args.fault!r} is not expressed against vLLM; these are: {', '.join(VLLM_FAULTS)}")
+    try:
+        v = require_vllm()
+    except VllmUnavailable as exc:
+        return bad_input(f"scheduler: {exc}")
+    plant = VLLM_FAULTS[args.fault].plant if args.fault else None
+    report = search(seed=args.seed, max_runs=args.runs, plant=plant, check_imitation=plant is None)
+    planted = f", fault {args.fault} planted" if args.fault else ""
+    print(
+        f"vLLM {v.version}'s Scheduler (synchronous, first come first served{planted}): {report.runs:,} workloads "
+        f"from seed {args.seed}, {report.steps:,} engine steps, {report.operations:,} allocator calls checked "
+        f"({report.preemptions:,} preemptions; {report.stalled:,} runs stalled with requests that never fit), "
+        f"{report.seconds:.1f} s"
+    )
+    if report.imitation_gap is not None:
+        case, gap = report.imitation_gap
+        print(f"every invariant held, but kvcheck's own scheduler does not make vLLM's calls: {gap}")
+        print(f"config: {case.config.describe()}; scheduler: {case.settings}; workload: {case.workload}")
+        return EXIT_VIOLATION
+    if report.shrunk is None:
+        imitated = "; kvcheck's own scheduler made the same calls on every run" if plant is None else ""
+        print(f"every invariant held{imitated}")
+        return EXIT_OK
+    failure = report.shrunk
+    case = failure.case
+    print(f"FAILED: {failure.violation}")
+    assert report.failure is not None
+    print(f"shrunk from {len(report.failure.record.ops)} to {len(failure.record.ops)} operations")
+    print(f"config: {case.config.describe()}")
+    print(f"scheduler: {case.settings}")
+    for arrival in case.workload.arrivals:
+        prompt, outputs = list(arrival.prompt), list(arrival.outputs)
+        print(f"  step {arrival.step}: {arrival.request_id} arrives, prompt {prompt}, samples {outputs}")
+    for abort in case.workload.aborts:
+        print(f"  step {abort.step}: {abort.request_id} aborted")
+    print("the scheduler's allocator calls, as operations:")
+    for position, op in enumerate(failure.record.ops, start=1):
+        print(f"  {position:3d} {describe_op(op)}")
+    story = (
+        f"vLLM {v.version}'s scheduler on a workload ({len(case.workload.arrivals)} requests, budget "
+        f"{case.settings.max_num_batched_tokens} tokens, {case.settings.max_num_seqs} requests a step); "
+        f"its allocator calls as operations"
+    )
+    trace = Trace(
+        case.config,
+        failure.record.ops,
+        Expectation(failure.violation.invariant, args.fault),
+        Provenance(f"vllm-scheduler:seed {args.seed}", datetime.date.today().isoformat(), story),
+    )
+    output = Path(args.trace_out)
+    try:
+        output.write_text(trace.dumps())
+    except OSError as exc:
+        return bad_input(f"{output}: cannot write the trace: {exc.strerror or exc}")
+    print(
+        f"written to {output} (`kvcheck replay {output} --target vllm` replays the calls through kvcheck's scheduler)"
+    )
     return EXIT_VIOLATION

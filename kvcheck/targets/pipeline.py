@@ -181,6 +181,11 @@ class StepPipeline:
         """Hold blocks popped from the allocator until every step scheduled so far is processed."""
         self.deferred.append((self.sched_seq, popped))
 
+    def holds_stale_output(self, request_id: str) -> bool:
+        """Whether the request was preempted with output still in flight that is not processed yet
+        (vLLM's scheduler skips such a request in its waiting queue: "deliverable stale output")."""
+        return self.stale.get(request_id, 0) > 0
+
     def freed(self, request: Any, request_id: str, finished: bool) -> None:
         """The request's blocks were freed: it finished, or was preempted (its in-flight output is then stale)."""
         for step in self.steps:

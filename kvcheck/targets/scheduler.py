@@ -141,6 +141,8 @@ class SchedulerDrivenTarget(InFlightSteps, ObservedState):
         if self.pipeline.full():
             self._process_output()
         waiting = rid not in self.running
+        if waiting and self.pipeline.holds_stale_output(rid):
+            return StepResult()  # skipped in the waiting queue while its stale output is in flight
         placeholders = self.pipeline.num_placeholders(rid)
         if not waiting and request.num_computed_tokens >= request.num_tokens + placeholders:
             return StepResult()  # every token a running request has, or will sample, is computed already
@@ -244,7 +246,7 @@ class SchedulerDrivenTarget(InFlightSteps, ObservedState):
         vLLM's scheduler allocates for a load that lands asynchronously; nothing is computed."""
         rid = op.request_id
         request = self.requests[rid]
-        if rid in self.running or rid in self.loading:
+        if rid in self.running or rid in self.loading or self.pipeline.holds_stale_output(rid):
             return StepResult()
         self._new_step_starts()
         hit = self._get_computed_blocks(request)

@@ -50,6 +50,21 @@ class SchedulerState(AllocatorHooks):
         self._hashes_learned[request_id] = 0
         self._learn_hashes(request_id)
 
+    def follow(self, request_id: str, request: Any) -> None:
+        """Observe a request another scheduler made and drives (vLLM's own): its hashes are learned
+        now, and again by :meth:`learn_hashes` as it grows."""
+        self.requests[request_id] = request
+        self._hashes_learned[request_id] = 0
+        self._learn_hashes(request_id)
+
+    def unfollow(self, request_id: str) -> None:
+        """Stop observing a request that scheduler finished."""
+        del self.requests[request_id], self._hashes_learned[request_id]
+
+    def learn_hashes(self, request_id: str) -> None:
+        """Learn what the block hashes a followed request gained stand for."""
+        self._learn_hashes(request_id)
+
     def _learn_hashes(self, request_id: str) -> None:
         """Record the token prefix each of the request's block hashes not yet seen stands for."""
         request = self.requests[request_id]

@@ -131,6 +131,7 @@ def _import_allocator(version: str) -> SimpleNamespace:
         fp8_dtype=STR_DTYPE_TO_TORCH_DTYPE["fp8"],
         hash_fn=hash_fn,
         hashers={},
+        SamplingParams=SamplingParams,
         sampling_params=SamplingParams(max_tokens=MAX_MODEL_LEN),
         get_block_hash=kv_cache_utils.get_block_hash,
         maybe_convert_block_hash=kv_cache_utils.maybe_convert_block_hash,
@@ -244,15 +245,23 @@ def make_block_pool(num_blocks: int, enable_caching: bool, block_size: int) -> A
     return require_vllm().BlockPool(num_blocks, enable_caching, hash_block_size=block_size)
 
 
-def make_request(request_id: str, prompt: Sequence[int], block_size: int, num_hash_lookahead_tokens: int = 0) -> Any:
+def make_request(
+    request_id: str,
+    prompt: Sequence[int],
+    block_size: int,
+    num_hash_lookahead_tokens: int = 0,
+    max_tokens: int | None = None,
+) -> Any:
     """A waiting vLLM ``Request`` whose block hashes are chained every ``block_size`` tokens, each
-    covering the ``num_hash_lookahead_tokens`` tokens after its block too."""
+    covering the ``num_hash_lookahead_tokens`` tokens after its block too.  With ``max_tokens`` it stops
+    after sampling that many tokens (end-of-sequence tokens ignored); without, it never stops by itself."""
     v = require_vllm()
     key = (block_size, num_hash_lookahead_tokens)
     hasher = v.hashers.get(key)
     if hasher is None:
         hasher = v.hashers[key] = v.get_request_block_hasher(block_size, v.hash_fn, num_hash_lookahead_tokens)
-    return v.Request(request_id, list(prompt), v.sampling_params, None, block_hasher=hasher)
+    params = v.sampling_params if max_tokens is None else v.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return v.Request(request_id, list(prompt), params, None, block_hasher=hasher)
 
 
 def free_block_ids(pool: Any) -> list[int]:
@@ -274,10 +283,12 @@ class VllmTarget(SchedulerDrivenTarget):
 
     name = "vllm"
 
-    def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, config: TargetConfig, plant: Callable[[Any], None] | None = None, manager: Any = None) -> None:
+        """``manager``: a manager built elsewhere (vLLM's own scheduler's) to drive and observe
+        instead of one built for ``config``."""
         self._v = require_vllm()
         super().__init__(config)
-        self.manager = manager_for(config)
+        self.manager = manager_for(config) if manager is None else manager
         if plant is not None:
             plant(self.manager)  # a fault from kvcheck.faults, patched onto this instance only
         self.pool = self.manager.block_pool

@@ -111,6 +111,12 @@ class StepsInFlight:
         self.steps.append(StepInFlight(request, rid, num_scheduled_tokens, samples, sampled_token))
         return False
 
+    def holds_stale_output(self, request_id: str) -> bool:
+        """Whether output of the request scheduled before it was preempted is still in flight: the
+        scheduler does not admit it again until that output is processed, as the output could deliver
+        a token at a position the request would compute again."""
+        return self.stale.get(request_id, 0) > 0
+
     def must_defer_free(self, request_id: str) -> bool:
         """Whether freeing the request now must wait: a step of it may still write its blocks."""
         return self.defer_block_free and self.last_sched_seq.get(request_id, 0) > self.processed_seq

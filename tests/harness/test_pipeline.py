@@ -10,7 +10,7 @@ from kvcheck.lockstep import Lockstep
 from kvcheck.targets import load_target
 from kvmodel.config import TargetConfig
 from kvmodel.group_spec import GroupSpec
-from kvmodel.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule
+from kvmodel.ops import AddRequest, Finish, Preempt, ProcessOutput, Schedule, StartAsyncLoad, StepResult
 
 ASYNC = TargetConfig(
     num_blocks=8, block_size=1, groups=(GroupSpec(kind="full"),), enable_caching=True, async_scheduling=True
@@ -68,6 +68,24 @@ def test_output_of_a_preempted_request_is_appended_but_stale() -> None:
     assert request.tokens == [0, 1, 7] and request.num_in_flight_tokens == 0
     assert run.model.pipeline.stale["r0"] == 0
     assert run.model.pool.cache == cached_before
+
+
+def test_a_preempted_request_waits_until_its_stale_output_is_processed() -> None:
+    """vLLM's scheduler skips a preempted request in its waiting queue while output it scheduled before
+    the preemption is still in flight: a schedule or an asynchronous load of it does nothing (nothing
+    looked up, nothing allocated), on the target as in the model, until that output is processed."""
+    run = lockstep()
+    run.step(AddRequest("r0", (0, 1, 2)))
+    run.step(Schedule("r0", 2))
+    run.step(Preempt("r0"))
+    for op in (Schedule("r0", 3), StartAsyncLoad("r0", 2)):
+        sut, model = run.step(op)
+        assert sut == model == StepResult()
+        assert not run.model.requests["r0"].running and run.model.requests["r0"].num_computed_tokens == 0
+    run.step(ProcessOutput())
+    assert not run.model.pipeline.holds_stale_output("r0")
+    sut, model = run.step(Schedule("r0", 3))
+    assert sut.admitted and model.admitted and run.model.requests["r0"].num_computed_tokens == 3
 
 
 def test_a_deferred_free_holds_the_blocks_until_the_fenced_step_is_processed() -> None:
