@@ -33,11 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import settings
 from measurement import provenance, write_markdown
 
-from kvcheck.coverage.labels import GROUP_LAYOUTS, reachable_labels
+from kvcheck.coverage.labels import EXAMPLES_FACTOR, GROUP_LAYOUTS, reachable_labels
 from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.profiles import PROFILES, pin_generation_constants
 from kvcheck.stateful_tests.run import run_manager_machine
-from kvcheck.stateful_tests.test_manager_machine import MAMBA_EXAMPLES_FACTOR
 from kvcheck.targets import load_target
 
 Layout = int | str | None
@@ -56,11 +55,9 @@ def parse_layout(text: str) -> Layout:
 
 
 def ci_settings(layout: Layout) -> settings:
-    """The ci profile, with the Mamba layouts' larger budget, as the ci run of the layout searches."""
+    """The ci profile, with a layout's larger budget where it has one, as the ci run of the layout searches."""
     base = PROFILES["ci"]
-    if layout == "mamba":
-        return settings(base, max_examples=MAMBA_EXAMPLES_FACTOR * base.max_examples)
-    return base
+    return settings(base, max_examples=EXAMPLES_FACTOR.get(layout, 1) * base.max_examples)
 
 
 def count_labels(task: Task) -> tuple[Task, dict[str, int], float]:

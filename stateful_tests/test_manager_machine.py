@@ -7,16 +7,12 @@ from collections import Counter
 
 from hypothesis import settings
 
-from kvcheck.coverage.labels import reachable_labels
+from kvcheck.coverage.labels import EXAMPLES_FACTOR, reachable_labels
 from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.profiles import labels_must_be_reached, loaded_profile
 from kvcheck.targets import TargetFactory
 
 from .run import run_manager_machine
-
-MAMBA_EXAMPLES_FACTOR = 2
-"""Where every label must be reached, the Mamba layouts' run searches with this many times the profile's
-examples: it must reach the most labels, some of them in about one example in a hundred."""
 
 
 def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_groups: int | str | None) -> None:
@@ -25,8 +21,8 @@ def test_manager_machine_keeps_every_invariant(make_target: TargetFactory, num_g
     and, under a derandomized profile with the ci budget, reach every coverage label the run must reach."""
     before = Counter(LABELS_SEEN)
     base = loaded_profile()
-    if num_groups == "mamba" and labels_must_be_reached(base):
-        base = settings(base, max_examples=MAMBA_EXAMPLES_FACTOR * base.max_examples)
+    if num_groups in EXAMPLES_FACTOR and labels_must_be_reached(base):
+        base = settings(base, max_examples=EXAMPLES_FACTOR[num_groups] * base.max_examples)
     run_manager_machine(make_target, num_groups, base)
     seen = LABELS_SEEN - before
     missing = [label for label in reachable_labels(num_groups) if not seen[label]]

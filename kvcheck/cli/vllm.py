@@ -123,6 +123,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     refusal = out_of_range([("--runs", args.runs, 1, MAX_SWARM_RUNS), ("--seed", args.seed, 0, MAX_SEED)])
     if refusal is not None:
         return bad_input(refusal)
+    folder = Path(args.trace_out).parent
+    if not folder.is_dir():
+        return bad_input(f"--trace-out: {args.trace_out}: the folder {folder} does not exist")
     if args.fault is not None and args.fault not in VLLM_FAULTS:
         return bad_input(f"--fault: {args.fault!r} is not expressed against vLLM; these are: {', '.join(VLLM_FAULTS)}")
     try:

@@ -136,6 +136,12 @@ Mamba layouts alone (full attention beside Mamba groups, or Mamba alone), whose 
 cache modes and in blocks larger than the hashes, get a budget of their own; then Mamba beside local
 attention (``samba``), a few of the others' draws."""
 
+EXAMPLES_FACTOR: dict[int | str | None, int] = {"mamba": 2, "samba": 2}
+"""Layouts whose run, where every label must be reached, searches with this many times the profile's
+examples: they must reach labels that only about one example in a hundred makes (the Mamba layouts the
+most labels; Mamba beside local attention a hit ending inside an R-SWA block, which needs a resumed or
+repeated prompt to end inside one)."""
+
 MAMBA_LABELS = (
     MAMBA_STATE_FREED,
     MAMBA_SPECULATIVE_REFUSED,

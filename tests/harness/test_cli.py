@@ -404,3 +404,20 @@ def test_doctor_names_the_semantics_followed_and_each_behaviour(capsys: pytest.C
     for row in BEHAVIOURS:
         mark = "x" if semantics.has(row.name) else " "
         assert f"[{mark}] {row.name} (since {row.since};" in out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--runs", "0"], "--runs: 0 is below the minimum of 1"),
+        (["--seed", "-1"], "--seed: -1 is below the minimum of 0"),
+        (["--trace-out", "no-such-folder/failure.json"], "--trace-out: no-such-folder/failure.json: the folder"),
+    ],
+)
+def test_scheduler_with_bad_options_is_bad_input_before_any_run(
+    capsys: pytest.CaptureFixture[str], arguments: list[str], message: str
+) -> None:
+    """`kvcheck scheduler` refuses out-of-range options and a trace path in a missing folder up front,
+    vLLM installed or not."""
+    assert main(["scheduler", *arguments]) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
