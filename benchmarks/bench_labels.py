@@ -13,8 +13,9 @@ fewest (and how many seeds missed it) over the seeded runs.
     python benchmarks/bench_labels.py --layouts mamba,samba --seed-base 100
     python benchmarks/bench_labels.py --write docs/measurements/labels.md
 
+A run that meets an invariant violation is reported with it, its counts those reached before it.
 Exit status 1 when a label is reached fewer than ``--min-ci`` times in a ci
-run, or not at all under some seed.  Run from the repository root.
+run, not at all under some seed, or when a run meets a violation.  Run from the repository root.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from measurement import provenance, write_markdown
 from kvcheck.coverage.labels import EXAMPLES_FACTOR, GROUP_LAYOUTS, reachable_labels
 from kvcheck.coverage.tally import LABELS_SEEN
 from kvcheck.profiles import PROFILES, pin_generation_constants
-from kvcheck.stateful_tests.run import run_manager_machine
+from kvcheck.stateful_tests.run import ShrunkViolation, run_manager_machine
 from kvcheck.targets import load_target
 
 Layout = int | str | None
@@ -60,14 +61,17 @@ def ci_settings(layout: Layout) -> settings:
     return settings(base, max_examples=EXAMPLES_FACTOR.get(layout, 1) * base.max_examples)
 
 
-def count_labels(task: Task) -> tuple[Task, dict[str, int], float]:
-    """One manager-machine run on kvcore: the labels it reached, with their counts."""
+def count_labels(task: Task) -> tuple[Task, dict[str, int], str | None]:
+    """One manager-machine run on kvcore: the labels it reached, with their counts, and the violation
+    that ended it early, if one did (its counts are then those reached before it)."""
     layout, seed = task
     pin_generation_constants()
     LABELS_SEEN.clear()
-    start = time.perf_counter()
-    run_manager_machine(load_target("kvcore"), layout, ci_settings(layout), seed=seed)
-    return task, dict(LABELS_SEEN), time.perf_counter() - start
+    try:
+        run_manager_machine(load_target("kvcore"), layout, ci_settings(layout), seed=seed)
+    except ShrunkViolation as violation:
+        return task, dict(LABELS_SEEN), str(violation)
+    return task, dict(LABELS_SEEN), None
 
 
 def main() -> int:
@@ -92,6 +96,7 @@ def main() -> int:
     elapsed = time.perf_counter() - start
 
     counts: dict[Task, dict[str, int]] = {task: found for task, found, _ in results}
+    violations = {task: violation for task, _, violation in results if violation is not None}
     lines = [
         "# Coverage labels at the ci budget",
         "",
@@ -117,6 +122,13 @@ def main() -> int:
             if missing:
                 failures.append(f"{layout_name(layout)}: {label!r} missed under {missing} of {len(seeds)} seeds")
         lines.append("")
+        for (_, seed), violation in sorted(
+            ((task, v) for task, v in violations.items() if task[0] == layout), key=lambda item: str(item[0][1])
+        ):
+            run = "the ci run" if seed is None else f"seed {seed}"
+            first_line = violation.splitlines()[0]
+            lines += [f"{run} ended early on a violation (its counts are those before it): {first_line}", ""]
+            failures.append(f"{layout_name(layout)}: {run} met a violation: {first_line}")
     write_markdown(args.write, "\n".join(lines))
     for failure in failures:
         print("SHORT:", failure)
